@@ -1,0 +1,85 @@
+"""The `kame` command line: one subcommand per job (infer, bench, ...)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from kame.errors import KameError
+
+
+def _add_frontend_args(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--frontend", default=default,
+                        help="preset (tiny, tiny-copy, moshi-7b-random), local directory, or HF repo id "
+                             f"(default: {default})")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda (default: auto)")
+
+
+def _cmd_infer(args: argparse.Namespace) -> int:
+    from kame.audio import read_audio, write_wav
+    from kame.frontend.infer import OracleCue, run_inference
+    from kame.frontend.loader import load_frontend
+
+    if len(args.oracle_at) > len(args.oracle):
+        raise KameError("each --oracle-at needs an --oracle before it")
+    times = list(args.oracle_at) + [0.0] * (len(args.oracle) - len(args.oracle_at))
+    cues = [OracleCue(at, text) for at, text in zip(times, args.oracle, strict=True)]
+    pcm = read_audio(args.input)
+    frontend = load_frontend(args.frontend, args.device)
+    result = run_inference(frontend, pcm, cues, tail_s=args.tail)
+    write_wav(args.output, result.audio)
+    if args.json:
+        print(json.dumps(result.to_json() | {"output": str(args.output)}))
+    else:
+        print(result.text)
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from kame.frontend.bench import main_frontend
+
+    return main_frontend(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kame", description="KAME tandem speech-to-speech server and tools")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    infer = sub.add_parser("infer", help="run the front-end over an audio file with an oracle schedule")
+    _add_frontend_args(infer, "SakanaAI/kame")
+    infer.add_argument("--input", required=True, help="input audio file (any sample rate; resampled to 24 kHz)")
+    infer.add_argument("--output", required=True, help="where to write the assistant audio (WAV, 24 kHz)")
+    infer.add_argument("--oracle", action="append", default=[], metavar="TEXT",
+                       help="oracle text; each one resets the oracle at its --oracle-at time (repeatable)")
+    infer.add_argument("--oracle-at", action="append", type=float, default=[], metavar="SECONDS",
+                       help="input time of the matching --oracle (default 0)")
+    infer.add_argument("--tail", type=float, default=1.0, help="seconds of silence after the input (default 1)")
+    infer.add_argument("--json", action="store_true", help="print JSON with per-frame text times")
+    infer.set_defaults(func=_cmd_infer)
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    frontend = bench_sub.add_parser("frontend", help="ms per frame of encode, LM step, decode by batch size")
+    from kame.frontend.bench import add_frontend_bench_args
+
+    add_frontend_bench_args(frontend)
+    frontend.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return args.func(args)
+    except KameError as exc:
+        print(f"kame: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""The batched front-end step: PCM frames and oracle tokens of many slots in, audio and text out.
+
+One `BatchedEngine` owns the streaming state of Mimi and the LM for `batch_size` slots. Each
+call to `step` runs Mimi encode, one LM step with every slot's oracle embedding added to its
+input, and Mimi decode, for all the slots given a frame at once; the others are paused with
+moshi's exec mask. It is synchronous and knows nothing of sockets, LLMs or threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from moshi.models.lm import LMGen
+from moshi.utils.compile import no_compile
+
+from kame.errors import EngineError
+from kame.frontend.loader import Frontend
+from kame.frontend.oracle import AppliedUpdate, OracleTimeline, OracleUpdate
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_RATE = 24000
+FRAME_SIZE = 1920  # samples per 80 ms frame at 24 kHz
+FRAME_RATE = SAMPLE_RATE / FRAME_SIZE
+UNGENERATED = -2  # LMGen's marker for a slot still inside its own start-up delay
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Sampling settings of the LM; defaults are Moshi's, overridden by the checkpoint's lm_gen_config."""
+
+    use_sampling: bool = True  # False: argmax, deterministic (tests, tiny models)
+    temp: float = 0.8  # audio temperature
+    temp_text: float = 0.7  # text temperature
+    top_k: int = 250  # audio top-k
+    top_k_text: int = 25  # text top-k
+    cfg_coef: float = 1.0  # classifier-free guidance; != 1 doubles the batch, oracle included
+
+    @classmethod
+    def from_dict(cls, values: Mapping) -> GenerationConfig:
+        known = {k: v for k, v in values.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class FrameOutput:
+    """What one slot produced for one input frame."""
+
+    slot: int
+    frame: int  # the slot's frame index (0 = first frame after acquire)
+    pcm: np.ndarray  # float32 [FRAME_SIZE]; silence while audio_ready is False
+    audio_ready: bool  # False for the slot's first frame(s): the LM's acoustic delay
+    text_token: int | None  # None for padding or before the first generated token
+    oracle_token: int  # the oracle token this frame's LM step received
+    applied: tuple[AppliedUpdate, ...] = ()  # oracle updates applied just before this frame
+
+
+class BatchedEngine:
+    """Steps up to `batch_size` independent sessions (slots) of one front-end together."""
+
+    def __init__(
+        self,
+        frontend: Frontend,
+        batch_size: int,
+        gen: GenerationConfig | None = None,
+        compile: bool | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise EngineError("batch_size must be at least 1")
+        self.frontend, self.batch_size = frontend, batch_size
+        self.gen = gen or GenerationConfig.from_dict(frontend.lm_gen_config)
+        self.device = frontend.device
+        # torch.compile costs ~20 s per shape on a CPU for little gain: GPU only by default.
+        self._compile = self.device.type == "cuda" if compile is None else compile
+        lm = frontend.lm
+        self.lm_gen = LMGen(
+            lm, use_sampling=self.gen.use_sampling, temp=self.gen.temp, temp_text=self.gen.temp_text,
+            top_k=self.gen.top_k, top_k_text=self.gen.top_k_text, cfg_coef=self.gen.cfg_coef,
+            cfg_is_no_text=self.gen.cfg_coef != 1.0 and lm.fuser is None, support_out_of_sync=True,
+        )
+        self._text_skip = {lm.text_padding_token_id, lm.end_of_text_padding_id}
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(frontend.mimi.streaming(batch_size))
+        self._stack.enter_context(self.lm_gen.streaming(batch_size))
+        self._state = self.lm_gen._streaming_state
+        self._base_condition = self._state.condition_sum  # a conditioned model's own sum, if any
+        self._timelines = [
+            OracleTimeline(lm.text_initial_token_id, lm.text_padding_token_id) for _ in range(batch_size)
+        ]
+        self._frames = [0] * batch_size
+        self._pending: list[deque[OracleUpdate]] = [deque() for _ in range(batch_size)]
+        self._active: set[int] = set()
+        self.late_oracle_tokens = 0  # appended after their position had passed (never seen)
+        self.dropped_oracle_updates = 0  # stale appends
+
+    # -------------------------------------------------------------- slots
+
+    @property
+    def free_slots(self) -> int:
+        return self.batch_size - len(self._active)
+
+    @property
+    def active_slots(self) -> frozenset[int]:
+        return frozenset(self._active)
+
+    def acquire(self) -> int:
+        """Take a free slot, reset to a clean start (codec, LM and oracle state)."""
+        free = [s for s in range(self.batch_size) if s not in self._active]
+        if not free:
+            raise EngineError(f"all {self.batch_size} slots are in use")
+        slot = free[0]
+        self.reset_slot(slot)
+        self._active.add(slot)
+        return slot
+
+    def release(self, slot: int) -> None:
+        self._check_slot(slot)
+        self._active.discard(slot)
+        self._pending[slot].clear()
+        self._timelines[slot].clear()
+
+    def reset_slot(self, slot: int) -> None:
+        mask = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
+        mask[slot] = True
+        self.frontend.mimi.reset_streaming(mask)
+        self.lm_gen.reset_streaming(mask)
+        self._timelines[slot].clear()
+        self._pending[slot].clear()
+        self._frames[slot] = 0
+
+    def frame_index(self, slot: int) -> int:
+        """The slot's own frame counter: the index of the next frame it will step."""
+        return self._frames[slot]
+
+    def push_oracle(self, slot: int, update: OracleUpdate) -> None:
+        """Queue an oracle update; it takes effect at the slot's next frame."""
+        self._check_slot(slot)
+        self._pending[slot].append(update)
+
+    def _check_slot(self, slot: int) -> None:
+        if slot not in self._active:
+            raise EngineError(f"slot {slot} is not acquired")
+
+    # -------------------------------------------------------------- step
+
+    @torch.no_grad()
+    def step(self, frames: Mapping[int, np.ndarray], timings: dict[str, float] | None = None) -> list[FrameOutput]:
+        """Step every slot in `frames` (slot -> FRAME_SIZE float32 samples) once, together.
+
+        With `timings`, the device is synchronised after each phase (encode, lm, decode) and
+        their durations in seconds are added to it: for benchmarks, not for serving.
+        """
+        if not frames:
+            return []
+        slots = sorted(frames)
+        for slot in slots:
+            self._check_slot(slot)
+        pcm = self._pcm_batch(frames)
+        mask = torch.zeros(self.batch_size, dtype=torch.bool)
+        mask[slots] = True
+        mask = mask.to(self.device)
+        applied = {slot: self._apply_pending(slot) for slot in slots}
+        padding = self.lm_gen.lm_model.text_padding_token_id
+        oracle = [self._timelines[s].token_at(self._frames[s]) if s in frames else padding
+                  for s in range(self.batch_size)]
+        clock = _PhaseClock(self.device, timings)
+        with contextlib.nullcontext() if self._compile else no_compile():
+            codes = self._encode(pcm, mask)
+            clock.lap("encode")
+            tokens = self._lm_step(codes, mask, oracle)
+            audio_ready = (tokens[:, 1:, 0] >= 0).all(dim=1) & mask
+            clock.lap("lm")
+            pcm_out = self._decode(tokens, audio_ready) if bool(audio_ready.any()) else None
+            clock.lap("decode")
+        return self._outputs(slots, tokens.cpu(), audio_ready.cpu(), pcm_out, oracle, applied)
+
+    def _pcm_batch(self, frames: Mapping[int, np.ndarray]) -> torch.Tensor:
+        pcm = torch.zeros(self.batch_size, 1, FRAME_SIZE, dtype=torch.float32)
+        for slot, frame in frames.items():
+            array = np.asarray(frame, dtype=np.float32)
+            if array.shape != (FRAME_SIZE,):
+                raise EngineError(f"slot {slot}: a frame must be {FRAME_SIZE} samples, got shape {array.shape}")
+            pcm[slot, 0] = torch.from_numpy(array)
+        return pcm.to(self.device)
+
+    def _apply_pending(self, slot: int) -> tuple[AppliedUpdate, ...]:
+        results = []
+        while self._pending[slot]:
+            result = self._timelines[slot].apply(self._pending[slot].popleft(), self._frames[slot])
+            self.late_oracle_tokens += result.late_tokens
+            self.dropped_oracle_updates += not result.accepted
+            results.append(result)
+        return tuple(results)
+
+    def _encode(self, pcm: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        self.frontend.mimi.set_exec_mask(mask)
+        return self.frontend.mimi.encode(pcm)  # [B, K, 1]
+
+    def _lm_step(self, codes: torch.Tensor, mask: torch.Tensor, oracle: list[int]) -> torch.Tensor:
+        self._state.condition_sum = self.oracle_condition(oracle)
+        self.lm_gen.set_exec_mask(mask)
+        tokens = self.lm_gen.step(codes)  # [B, 1 + dep_q, 1]; never None with out-of-sync support
+        assert tokens is not None
+        for slot in torch.nonzero(mask.cpu()).flatten().tolist():
+            self._frames[slot] += 1
+        return tokens
+
+    def oracle_condition(self, oracle: list[int]) -> torch.Tensor:
+        """The per-slot sum added to the LM input: oracle embedding (+ the model's own condition)."""
+        ids = torch.tensor(oracle, dtype=torch.long, device=self.device)
+        condition = self.frontend.oracle_emb(ids)[:, None, :]  # [B, 1, dim]
+        if self.gen.cfg_coef != 1.0:
+            condition = condition.repeat(2, 1, 1)
+        if self._base_condition is not None:
+            condition = condition + self._base_condition.to(condition)
+        return condition
+
+    def _decode(self, tokens: torch.Tensor, ready: torch.Tensor) -> torch.Tensor:
+        mimi = self.frontend.mimi
+        mimi.set_exec_mask(ready)
+        return mimi.decode(tokens[:, 1:].clamp(min=0))[:, 0].float().cpu()  # [B, FRAME_SIZE]
+
+    def _outputs(self, slots, tokens, audio_ready, pcm_out, oracle, applied) -> list[FrameOutput]:
+        outputs = []
+        for slot in slots:
+            ready = bool(audio_ready[slot])
+            pcm = pcm_out[slot].numpy() if ready else np.zeros(FRAME_SIZE, dtype=np.float32)
+            text = int(tokens[slot, 0, 0])
+            text_token = None if text < 0 or text in self._text_skip else text
+            frame = self._frames[slot] - 1
+            outputs.append(FrameOutput(slot, frame, pcm, ready, text_token, oracle[slot], applied[slot]))
+        return outputs
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+class _PhaseClock:
+    """Adds the duration of each phase to `timings` (synchronising the device), or does nothing."""
+
+    def __init__(self, device: torch.device, timings: dict[str, float] | None) -> None:
+        self.device, self.timings = device, timings
+        self.last = time.perf_counter() if timings is not None else 0.0
+
+    def lap(self, phase: str) -> None:
+        if self.timings is None:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.timings[phase] = self.timings.get(phase, 0.0) + now - self.last
+        self.last = now

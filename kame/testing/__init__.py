@@ -1,0 +1,1 @@
+"""Test and demo helpers: speech synthesis, scripted fakes of the vendors (LLM, ASR)."""

@@ -1,0 +1,98 @@
+"""`kame infer`: the oracle's words come out of tiny-copy's text stream; errors are one clear line."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sphn
+
+from kame.cli import main
+from kame.frontend.presets import TINY_COPY_DIR
+
+
+@pytest.fixture(scope="module")
+def question_wav(tmp_path_factory) -> Path:
+    """Three seconds of quiet noise at 16 kHz (the CLI resamples to 24 kHz)."""
+    path = tmp_path_factory.mktemp("audio") / "question.wav"
+    rng = np.random.default_rng(7)
+    sphn.write_wav(str(path), (rng.standard_normal(48000) * 0.05).astype(np.float32), 16000)
+    return path
+
+
+def test_oracle_sentence_comes_out_of_tiny_copy(question_wav, tmp_path, capsys):
+    out = tmp_path / "answer.wav"
+    code = main(["infer", "--frontend", "tiny-copy", "--input", str(question_wav), "--output", str(out),
+                 "--oracle", "the capital of France is Paris", "--oracle-at", "0.5"])
+    assert code == 0
+    assert "the capital of France is Paris" in capsys.readouterr().out
+    audio, sample_rate = sphn.read(str(out))
+    assert sample_rate == 24000 and audio.shape[1] == 1920 * 50  # 3 s + 1 s tail, one frame out per frame in
+
+
+def test_json_gives_per_frame_times_and_schedule(question_wav, tmp_path, capsys):
+    code = main(["infer", "--frontend", "tiny-copy", "--input", str(question_wav), "--output",
+                 str(tmp_path / "a.wav"), "--oracle", "hello there", "--oracle-at", "0.4",
+                 "--oracle", "good morning", "--oracle-at", "2.0", "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [o["text"] for o in result["oracle"]] == ["hello there", "good morning"]
+    assert [o["frame"] for o in result["oracle"]] == [5, 25]
+    pieces = result["pieces"]
+    assert "hello there" in result["text"] and "good morning" in result["text"]
+    assert all(p["time_s"] == pytest.approx(p["frame"] * 0.08) for p in pieces)
+    # each oracle is spoken after its own reset, not before
+    assert "".join(p["text"] for p in pieces if 5 < p["frame"] <= 25).strip() == "hello there"
+    assert "".join(p["text"] for p in pieces if p["frame"] > 25).strip() == "good morning"
+
+
+def test_local_directory_without_oracle_table(question_wav, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    repo = tmp_path / "moshi-like"
+    shutil.copytree(TINY_COPY_DIR, repo)
+    state = load_file(repo / "model.safetensors")
+    del state["oracle_emb.weight"]
+    save_file(state, repo / "model.safetensors")
+    code = main(["infer", "--frontend", str(repo), "--input", str(question_wav), "--output", str(tmp_path / "b.wav")])
+    assert code == 0
+
+
+def test_errors_are_one_clear_line(tmp_path, capsys):
+    bad = tmp_path / "bad.wav"
+    bad.write_text("not audio")
+    assert main(["infer", "--frontend", "tiny-copy", "--input", str(bad), "--output", str(tmp_path / "o.wav")]) == 2
+    assert "cannot decode as audio" in capsys.readouterr().err
+    assert main(["infer", "--frontend", "tiny-copy", "--input", str(tmp_path / "none.wav"),
+                 "--output", str(tmp_path / "o.wav")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["infer", "--frontend", str(tmp_path), "--input", str(bad), "--output", "o.wav"]) == 2
+
+
+def test_console_script_runs(question_wav, tmp_path):
+    exe = Path(sys.executable).parent / "kame"
+    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "kame.cli"]
+    proc = subprocess.run(
+        [*command, "infer", "--frontend", "tiny-copy", "--input", str(question_wav),
+         "--output", str(tmp_path / "c.wav"), "--oracle", "water boils at one hundred degrees"],
+        capture_output=True, text=True, timeout=120, env=os.environ | {"HF_HUB_OFFLINE": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "water boils at one hundred degrees" in proc.stdout
+    assert "front-end tiny-copy ready" in proc.stderr
+
+
+def test_bench_frontend_reports_each_batch(capsys, tmp_path):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "frontend", "--frontend", "tiny", "--device", "cpu", "--batch-sizes", "1,2",
+                 "--frames", "3", "--warmup", "1", "--json-out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [r["batch"] for r in result["rows"]] == [1, 2]
+    assert all(r["lm_ms"] > 0 and r["frame_ms"] >= r["lm_ms"] for r in result["rows"])
+    assert "| batch |" in capsys.readouterr().out

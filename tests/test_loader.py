@@ -1,0 +1,142 @@
+"""Loading front-ends from presets, local directories and a Hugging Face cache; clear errors."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from kame.errors import FrontendLoadError
+from kame.frontend.loader import ORACLE_KEY, load_frontend
+from kame.frontend.presets import TINY_COPY_DIR
+
+
+@pytest.fixture
+def repo_dir(tmp_path: Path) -> Path:
+    """A copy of the tiny-copy preset: a directory in the KAME hub layout, with mimi_config_name."""
+    target = tmp_path / "kame-local"
+    shutil.copytree(TINY_COPY_DIR, target)
+    return target
+
+
+def rewrite_weights(repo: Path, edit) -> None:
+    state = load_file(repo / "model.safetensors")
+    edit(state)
+    save_file(state, repo / "model.safetensors")
+
+
+def test_local_directory_loads_like_the_preset(repo_dir, tiny_copy):
+    assert json.loads((repo_dir / "config.json").read_text())["mimi_config_name"] == "mimi_config.json"
+    local = load_frontend(str(repo_dir), "cpu")
+    torch.testing.assert_close(local.oracle_emb.weight, tiny_copy.oracle_emb.weight)
+    assert not torch.equal(local.oracle_emb.weight, local.lm.text_emb.weight)  # a trained oracle table
+    assert local.lm.dtype == torch.float32 and local.tokenizer.vocab_size() == 1000
+    assert local.mimi.frame_size == 1920 and local.lm_gen_config == {"use_sampling": False}
+
+
+def test_plain_moshi_checkpoint_gets_oracle_from_text_emb(repo_dir, caplog):
+    rewrite_weights(repo_dir, lambda state: state.pop(ORACLE_KEY))
+    with caplog.at_level(logging.INFO, logger="kame.frontend.loader"):
+        frontend = load_frontend(str(repo_dir), "cpu")
+    torch.testing.assert_close(frontend.oracle_emb.weight, frontend.lm.text_emb.weight)
+    assert any("initialised from text_emb" in r.message for r in caplog.records)
+
+
+def test_requested_dtype_is_used(repo_dir):
+    frontend = load_frontend(str(repo_dir), "cpu", dtype=torch.bfloat16)
+    assert frontend.lm.dtype == torch.bfloat16 and frontend.oracle_emb.weight.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda s: s.update({"bogus.weight": torch.zeros(2)}), "keys the LM does not know: bogus.weight"),
+        (lambda s: s.pop("text_linear.weight"), "lacks 1 LM weights, e.g. text_linear.weight"),
+        (lambda s: s.update({"text_linear.weight": torch.zeros(5, 5)}), r"text_linear.weight has shape \(5, 5\)"),
+        (lambda s: s.update({ORACLE_KEY: torch.zeros(7, 64)}), r"oracle_emb.weight has shape \(7, 64\)"),
+    ],
+)
+def test_bad_weights_name_the_file_and_the_problem(repo_dir, edit, message):
+    rewrite_weights(repo_dir, edit)
+    with pytest.raises(FrontendLoadError, match=message) as info:
+        load_frontend(str(repo_dir), "cpu")
+    assert "model.safetensors" in str(info.value)
+
+
+def test_missing_files_and_bad_config(repo_dir):
+    (repo_dir / "mimi.safetensors").unlink()
+    with pytest.raises(FrontendLoadError, match=r"missing .*mimi.safetensors \(named by 'mimi_name'"):
+        load_frontend(str(repo_dir), "cpu")
+    (repo_dir / "config.json").write_text("{not json")
+    with pytest.raises(FrontendLoadError, match="config.json is not valid JSON"):
+        load_frontend(str(repo_dir), "cpu")
+    (repo_dir / "config.json").unlink()
+    with pytest.raises(FrontendLoadError, match="has no config.json"):
+        load_frontend(str(repo_dir), "cpu")
+
+
+def test_corrupt_weights_and_tokenizer(repo_dir, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(repo_dir, broken)
+    (broken / "tokenizer.model").write_bytes(b"garbage")
+    with pytest.raises(FrontendLoadError, match="SentencePiece tokenizer"):
+        load_frontend(str(broken), "cpu")
+    (repo_dir / "model.safetensors").write_bytes(b"\x00" * 16)
+    with pytest.raises(FrontendLoadError, match="cannot read .*model.safetensors as safetensors"):
+        load_frontend(str(repo_dir), "cpu")
+
+
+def test_config_that_does_not_fit_moshi(repo_dir):
+    config = json.loads((repo_dir / "config.json").read_text())
+    config["no_such_kwarg"] = 1
+    (repo_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(FrontendLoadError, match="not valid for moshi's LMModel"):
+        load_frontend(str(repo_dir), "cpu")
+
+
+def test_unknown_source():
+    with pytest.raises(FrontendLoadError, match="neither a preset"):
+        load_frontend("no-such-thing", "cpu")
+
+
+def fake_hub_cache(cache: Path, repo_id: str, files_from: Path) -> None:
+    """Lay out `files_from` as huggingface_hub's cache would after a download of `repo_id`."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(files_from, repo / "snapshots" / commit)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+
+
+def test_hub_repo_id_resolves_through_huggingface_hub(tmp_path):
+    fake_hub_cache(tmp_path / "hub", "SakanaAI/kame", TINY_COPY_DIR)
+    frontend = load_frontend("SakanaAI/kame", "cpu", hf_cache_dir=tmp_path / "hub", local_files_only=True)
+    assert frontend.source == "SakanaAI/kame" and frontend.lm.text_card == 1000
+
+
+def test_offline_hub_gives_a_clear_error(tmp_path):
+    with pytest.raises(FrontendLoadError, match="tiny-copy"):
+        load_frontend("SakanaAI/kame", "cpu", hf_cache_dir=tmp_path / "empty", local_files_only=True)
+
+
+def test_unreachable_hub_gives_a_clear_error(tmp_path):
+    with socket.socket() as sock:  # a loopback port with nobody listening
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(FrontendLoadError, match="unreachable") as info:
+        load_frontend("SakanaAI/kame", "cpu", hf_cache_dir=tmp_path / "empty", local_files_only=False,
+                      hf_endpoint=f"http://127.0.0.1:{port}")
+    assert "config.json" in str(info.value) and "tiny-copy" in str(info.value)
+
+
+def test_cuda_request_without_gpu_is_clear():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(FrontendLoadError, match="no CUDA GPU"):
+        load_frontend("tiny", "cuda")

@@ -1,0 +1,85 @@
+"""The per-slot oracle timeline: resets, appends, padding, epochs, late tokens."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kame.frontend.oracle import OracleTimeline, OracleUpdate, tokenize_words
+
+START, PAD = 1000, 3
+
+
+def timeline() -> OracleTimeline:
+    return OracleTimeline(start_token=START, padding_token=PAD)
+
+
+def test_padding_before_any_oracle():
+    tl = timeline()
+    assert [tl.token_at(f) for f in range(5)] == [PAD] * 5
+
+
+def test_reset_then_append_then_padding():
+    tl = timeline()
+    tl.apply(OracleUpdate.reset(0, (10, 11)), frame=4)
+    tl.apply(OracleUpdate.append(0, (12,)), frame=5)
+    assert [tl.token_at(f) for f in range(3, 10)] == [PAD, START, 10, 11, 12, PAD, PAD]
+
+
+def test_stale_append_is_dropped_and_reset_never():
+    tl = timeline()
+    tl.apply(OracleUpdate.reset(2, (20,)), frame=0)
+    stale = tl.apply(OracleUpdate.append(1, (99,)), frame=0)
+    assert not stale.accepted
+    old_reset = tl.apply(OracleUpdate.reset(1, (30,)), frame=1)
+    assert old_reset.accepted
+    assert [tl.token_at(f) for f in range(1, 4)] == [START, 30, PAD]
+
+
+def test_append_without_reset_is_dropped():
+    tl = timeline()
+    assert not tl.apply(OracleUpdate.append(0, (5,)), frame=0).accepted
+    assert tl.token_at(0) == PAD
+
+
+def test_late_tokens_are_counted():
+    tl = timeline()
+    tl.apply(OracleUpdate.reset(0, ()), frame=0)
+    # frames 0..4 were consumed (start, then padding); an append at frame 5 lands at positions 1..3
+    applied = tl.apply(OracleUpdate.append(0, (7, 8, 9)), frame=5)
+    assert applied.late_tokens == 3
+    applied = tl.apply(OracleUpdate.append(0, (10, 11, 12, 13)), frame=6)
+    assert applied.late_tokens == 2  # positions 4 and 5 had passed; 12 and 13 are still ahead
+    assert tl.token_at(6) == 12
+
+
+def test_clear_forgets_everything():
+    tl = timeline()
+    tl.apply(OracleUpdate.reset(3, (1, 2)), frame=0)
+    tl.clear()
+    assert tl.token_at(1) == PAD
+    assert not tl.apply(OracleUpdate.append(3, (4,)), frame=2).accepted
+
+
+@given(
+    start=st.integers(0, 50),
+    tokens=st.lists(st.integers(4, 999), max_size=20),
+    frame=st.integers(0, 100),
+)
+def test_token_at_matches_position(start, tokens, frame):
+    tl = timeline()
+    tl.apply(OracleUpdate.reset(0, tuple(tokens)), frame=start)
+    expected = [START, *tokens]
+    position = frame - start
+    want = expected[position] if 0 <= position < len(expected) else PAD
+    assert tl.token_at(frame) == want
+
+
+class _WordTokenizer:
+    def encode(self, text):
+        return [len(text)] if not text.startswith(" ") else [-1]
+
+    def id_to_piece(self, token):
+        return str(token)
+
+
+def test_tokenize_words_encodes_each_word_alone():
+    assert tokenize_words(_WordTokenizer(), "  the capital   of France ") == [3, 7, 2, 6]
