@@ -37,6 +37,31 @@ def _cmd_infer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_transcribe(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from kame.asr import AsrFailure, FinalTranscript, build_asr
+    from kame.asr.transcribe import transcribe_pcm
+    from kame.audio import read_audio
+
+    pcm = read_audio(args.input)
+    asr = build_asr(args.asr, args.asr_model, args.device, max_sessions=1, realtime=args.realtime)
+    try:
+        events = asyncio.run(transcribe_pcm(asr, pcm, realtime=args.realtime))
+    finally:
+        asr.close()
+    for event in events:
+        if isinstance(event, AsrFailure):
+            raise KameError(event.message)
+        kind = "final" if isinstance(event, FinalTranscript) else "partial"
+        if args.json:
+            print(json.dumps({"type": kind, "text": event.text, "start_s": round(event.start_s, 3),
+                              "end_s": round(event.end_s, 3)}))
+        else:
+            print(f"[{event.start_s:6.2f} - {event.end_s:6.2f}] {kind:7} {event.text}")
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from kame.frontend.bench import main_frontend
 
@@ -59,6 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--tail", type=float, default=1.0, help="seconds of silence after the input (default 1)")
     infer.add_argument("--json", action="store_true", help="print JSON with per-frame text times")
     infer.set_defaults(func=_cmd_infer)
+
+    transcribe = sub.add_parser("transcribe", help="print the streaming ASR's partial and final transcripts of a file")
+    transcribe.add_argument("input", help="audio file (WAV, FLAC, MP3, Ogg; any sample rate)")
+    transcribe.add_argument("--asr", default="whisper", choices=["whisper", "kyutai-stt", "none"])
+    transcribe.add_argument("--asr-model", default=None,
+                            help="model name or local directory (default: tiny.en / kyutai/stt-1b-en_fr)")
+    transcribe.add_argument("--device", default="auto")
+    transcribe.add_argument("--realtime", action="store_true", help="feed the audio at real-time pace")
+    transcribe.add_argument("--json", action="store_true", help="one JSON object per event")
+    transcribe.set_defaults(func=_cmd_transcribe)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)

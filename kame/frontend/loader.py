@@ -47,6 +47,7 @@ class Frontend:
     tokenizer: sentencepiece.SentencePieceProcessor | None
     lm_gen_config: dict = field(default_factory=dict)
     source: str = ""
+    stt_config: dict = field(default_factory=dict)  # Kyutai STT checkpoints: audio prefix and delay
 
     @property
     def device(self) -> torch.device:
@@ -74,6 +75,7 @@ class _Layout:
     mimi_config: dict | None
     tokenizer: Path
     lm_gen_config: dict
+    stt_config: dict
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
@@ -168,8 +170,9 @@ def _parse_config(raw: dict, where: str) -> tuple[dict, dict]:
         "mimi_config_name": lm_config.pop("mimi_config_name", None),
         "tokenizer_name": lm_config.pop("tokenizer_name", loaders.TEXT_TOKENIZER_NAME),
         "lm_gen_config": lm_config.pop("lm_gen_config", {}),
+        "stt_config": lm_config.pop("stt_config", {}),
     }
-    for key in ("model_type", "model_id", "tts_config", "stt_config", "lora_name"):
+    for key in ("model_type", "model_id", "tts_config", "lora_name"):
         lm_config.pop(key, None)
     return lm_config, names
 
@@ -203,7 +206,7 @@ def _read_layout_dir(root: Path) -> _Layout:
     mimi_config = _read_json(existing("mimi_config_name")) if names["mimi_config_name"] else None
     return _Layout(
         lm_config, existing("moshi_name"), existing("mimi_name"), mimi_config,
-        existing("tokenizer_name"), names["lm_gen_config"],
+        existing("tokenizer_name"), names["lm_gen_config"], names["stt_config"],
     )
 
 
@@ -255,7 +258,7 @@ def _read_layout_hub(repo: str, hub: _HubOptions) -> _Layout:
     mimi_config = _read_json(get("mimi_config_name")) if names["mimi_config_name"] else None
     return _Layout(
         lm_config or dict(loaders._lm_kwargs), get("moshi_name"), get("mimi_name"), mimi_config,
-        get("tokenizer_name"), names["lm_gen_config"],
+        get("tokenizer_name"), names["lm_gen_config"], names["stt_config"],
     )
 
 
@@ -356,7 +359,7 @@ def _load_layout(layout: _Layout, device: torch.device, dtype: torch.dtype) -> F
     mimi = _build_mimi(layout.mimi_weights, layout.mimi_config, layout.lm_config, device)
     tokenizer = _load_tokenizer(layout.tokenizer)
     _check_tokenizer(tokenizer, lm, layout.tokenizer)
-    return Frontend(lm, oracle_emb, mimi, tokenizer, dict(layout.lm_gen_config))
+    return Frontend(lm, oracle_emb, mimi, tokenizer, dict(layout.lm_gen_config), stt_config=layout.stt_config)
 
 
 def _check_tokenizer(tokenizer: sentencepiece.SentencePieceProcessor | None, lm: LMModel, path: Path | None) -> None:
@@ -375,4 +378,4 @@ def _load_random(preset: RandomPreset, device: torch.device, dtype: torch.dtype)
     oracle_emb = _oracle_embedding(lm, None, f"preset {preset.name}", device, dtype)
     tokenizer = _load_tokenizer(preset.tokenizer)
     _check_tokenizer(tokenizer, lm, preset.tokenizer)
-    return Frontend(lm, oracle_emb, mimi, tokenizer, dict(preset.lm_gen_config))
+    return Frontend(lm, oracle_emb, mimi, tokenizer, dict(preset.lm_gen_config), stt_config=dict(preset.stt_config))

@@ -8,7 +8,7 @@ A preset is either a directory inside the package laid out like a Hugging Face r
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ASSETS = Path(__file__).parent / "assets"
@@ -144,6 +144,7 @@ class RandomPreset:
     tokenizer: Path | None  # None: a synthetic tokenizer is not available, token ids only
     seed: int = 0
     description: str = ""
+    stt_config: dict = field(default_factory=dict)
 
     def lm_kwargs(self) -> dict:
         return copy.deepcopy(self.lm_config)
@@ -167,6 +168,25 @@ RANDOM_PRESETS: dict[str, RandomPreset] = {
         description="Moshi 7B architecture with random weights, for GPU benchmarks",
     ),
 }
+
+# A Kyutai-STT-shaped model (no depformer, text out, end-of-turn heads) for the kyutai-stt plumbing.
+TINY_STT_LM_CONFIG: dict = {
+    **{k: v for k, v in TINY_LM_CONFIG.items() if not k.startswith("depformer")},
+    "n_q": 4,
+    "dep_q": 0,
+    "delays": [0, 0, 0, 0, 0],
+    "extra_heads_num_heads": 4,
+    "extra_heads_dim": 6,
+}
+RANDOM_PRESETS["tiny-stt"] = RandomPreset(
+    name="tiny-stt",
+    lm_config=TINY_STT_LM_CONFIG,
+    mimi_config=TINY_MIMI_CONFIG,
+    lm_gen_config={"use_sampling": False},
+    tokenizer=TINY_COPY_DIR / "tokenizer.model",
+    description="random tiny speech-to-text model in Kyutai STT's layout, for the kyutai-stt plumbing",
+    stt_config={"audio_silence_prefix_seconds": 0.24, "audio_delay_seconds": 0.16},
+)
 
 DIRECTORY_PRESETS: dict[str, Path] = {"tiny-copy": TINY_COPY_DIR}
 

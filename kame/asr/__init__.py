@@ -1,0 +1,78 @@
+"""Streaming ASR engines (whisper, kyutai-stt, none) behind one contract (`events.py`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+from kame.asr.events import (
+    AsrEngine,
+    AsrFailure,
+    FinalTranscript,
+    PartialTranscript,
+    TranscriptEvent,
+    TranscriptStream,
+)
+from kame.errors import KameError
+
+ASR_ENGINES = ("whisper", "kyutai-stt", "none")
+DEFAULT_MODELS = {"whisper": "tiny.en", "kyutai-stt": "kyutai/stt-1b-en_fr", "none": ""}
+
+__all__ = [
+    "ASR_ENGINES", "AsrEngine", "AsrFailure", "FinalTranscript", "NoAsr", "PartialTranscript",
+    "TranscriptEvent", "TranscriptStream", "build_asr",
+]
+
+
+class NoAsr:
+    """No ASR: the front-end alone, i.e. plain Moshi (the baseline). Streams never emit."""
+
+    name = "none"
+
+    def open_stream(self) -> _SilentStream:
+        return _SilentStream()
+
+    def close(self) -> None:
+        pass
+
+
+class _SilentStream:
+    def __init__(self) -> None:
+        self._closed = asyncio.Event()
+
+    def push_pcm(self, pcm: np.ndarray) -> None:
+        pass
+
+    async def flush(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        self._closed.set()
+
+    async def __aiter__(self) -> AsyncIterator[TranscriptEvent]:
+        await self._closed.wait()
+        return
+        yield  # an async generator that ends when the stream is closed
+
+
+def build_asr(engine: str, model: str | None = None, device: str = "auto", max_sessions: int = 8,
+              realtime: bool = True) -> AsrEngine:
+    """Load the named ASR engine (`model` defaults per engine, see DEFAULT_MODELS).
+
+    `realtime=False` is for files pushed faster than real time: whisper then decodes at every
+    interval of audio instead of once its backlog is drained, so partials still appear.
+    """
+    if engine == "none":
+        return NoAsr()
+    if engine == "whisper":
+        from kame.asr.whisper import WhisperAsr, WhisperOptions
+
+        return WhisperAsr(WhisperOptions(model=model or DEFAULT_MODELS["whisper"], device=device, coalesce=realtime))
+    if engine == "kyutai-stt":
+        from kame.asr.kyutai_stt import KyutaiSttAsr, SttOptions
+
+        return KyutaiSttAsr(SttOptions(model=model or DEFAULT_MODELS["kyutai-stt"], device=device,
+                                       max_sessions=max_sessions))
+    raise KameError(f"unknown ASR engine {engine!r}; choose one of {', '.join(ASR_ENGINES)}")

@@ -1,0 +1,237 @@
+"""The `kyutai-stt` ASR engine: Kyutai's streaming speech-to-text model, batched over sessions.
+
+The model (e.g. `kyutai/stt-1b-en_fr`) is a Moshi-style LM with no depformer: Mimi codes in,
+text tokens out, a fixed `audio_delay_seconds` behind the audio, and extra heads that predict
+the end of a turn ("semantic VAD"). It loads through the front-end loader (same layouts) and
+runs on its own engine thread, all sessions' streams stepped in one batch per frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from moshi.models.lm import LMGen
+from moshi.utils.compile import no_compile
+
+from kame.asr.events import AsrFailure, FinalTranscript, PartialTranscript, TranscriptEvent
+from kame.errors import EngineError
+from kame.frontend.engine import FRAME_RATE, FRAME_SIZE
+from kame.frontend.loader import Frontend, load_frontend
+from kame.frontend.oracle import piece_text
+from kame.frontend.runner import EngineRunner
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SttOptions:
+    model: str = "kyutai/stt-1b-en_fr"  # hub repo, local directory, or the `tiny-stt` preset
+    device: str = "auto"
+    max_sessions: int = 8  # batch size of the STT engine
+    eot_head: int = 2  # which extra head predicts the end of a turn (Kyutai's STT 1B: 2)
+    eot_threshold: float = 0.5  # end-of-turn probability that ends an utterance
+
+
+@dataclass(frozen=True)
+class SttFrame:
+    slot: int
+    frame: int
+    text_token: int | None
+    end_of_turn: float  # probability from the end-of-turn head (0 when the model has none)
+
+
+class SttBatch:
+    """The synchronous batched step of the STT model (the shape `EngineRunner` drives)."""
+
+    def __init__(self, model: Frontend, batch_size: int, eot_head: int) -> None:
+        self.model, self.batch_size, self.eot_head = model, batch_size, eot_head
+        self.device = model.device
+        self.lm_gen = LMGen(model.lm, use_sampling=False, temp=0.0, temp_text=0.0, support_out_of_sync=True)
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(model.mimi.streaming(batch_size))
+        self._stack.enter_context(self.lm_gen.streaming(batch_size))
+        self._active: set[int] = set()
+        self._frames = [0] * batch_size
+        self._skip = {model.lm.text_padding_token_id, model.lm.end_of_text_padding_id}
+
+    @property
+    def free_slots(self) -> int:
+        return self.batch_size - len(self._active)
+
+    def acquire(self) -> int:
+        free = [s for s in range(self.batch_size) if s not in self._active]
+        if not free:
+            raise EngineError(f"all {self.batch_size} ASR slots are in use")
+        mask = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
+        mask[free[0]] = True
+        self.model.mimi.reset_streaming(mask)
+        self.lm_gen.reset_streaming(mask)
+        self._active.add(free[0])
+        self._frames[free[0]] = 0
+        return free[0]
+
+    def release(self, slot: int) -> None:
+        self._active.discard(slot)
+
+    def push_oracle(self, slot: int, update) -> None:
+        raise EngineError("the STT model takes no oracle")
+
+    @torch.no_grad()
+    def step(self, frames: Mapping[int, np.ndarray], timings: dict | None = None) -> list[SttFrame]:
+        mask = torch.zeros(self.batch_size, dtype=torch.bool)
+        mask[sorted(frames)] = True
+        mask = mask.to(self.device)
+        pcm = torch.zeros(self.batch_size, 1, FRAME_SIZE)
+        for slot, frame in frames.items():
+            pcm[slot, 0] = torch.from_numpy(np.asarray(frame, dtype=np.float32))
+        with no_compile():
+            self.model.mimi.set_exec_mask(mask)
+            codes = self.model.mimi.encode(pcm.to(self.device))
+            self.lm_gen.set_exec_mask(mask)
+            tokens, heads = self.lm_gen.step_with_extra_heads(codes)
+        text = tokens[:, 0, 0].cpu().tolist()
+        eot = heads[self.eot_head][:, 0, 0].float().cpu().tolist() if len(heads) > self.eot_head else None
+        outputs = []
+        for slot in sorted(frames):
+            token = text[slot]
+            outputs.append(SttFrame(slot, self._frames[slot], None if token < 0 or token in self._skip else token,
+                                    eot[slot] if eot else 0.0))
+            self._frames[slot] += 1
+        return outputs
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+class KyutaiSttAsr:
+    name = "kyutai-stt"
+
+    def __init__(self, options: SttOptions = SttOptions()) -> None:
+        self.options = options
+        self.model = load_frontend(options.model, options.device)
+        if self.model.tokenizer is None:
+            raise EngineError(f"STT model {options.model!r} has no tokenizer")
+        stt = self.model.stt_config
+        self.prefix_s = float(stt.get("audio_silence_prefix_seconds", 0.0))
+        self.delay_s = float(stt.get("audio_delay_seconds", 0.5))
+        self.batch = SttBatch(self.model, options.max_sessions, options.eot_head)
+        # up to 60 s of backlog per stream; beyond it the oldest audio is dropped
+        self.runner = EngineRunner(self.batch, batch_window_s=0.02, max_pending_frames=750).start()
+        logger.info("ASR kyutai-stt: %s, %d slots, text %.2f s behind the audio",
+                    options.model, options.max_sessions, self.delay_s)
+
+    def open_stream(self) -> KyutaiSttStream:
+        return KyutaiSttStream(self)
+
+    def close(self) -> None:
+        self.runner.stop()
+        self.batch.close()
+
+
+class KyutaiSttStream:
+    """One session on the shared STT engine; frames are re-cut to 1920 samples."""
+
+    def __init__(self, asr: KyutaiSttAsr) -> None:
+        self.asr = asr
+        self._loop = asyncio.get_running_loop()
+        self._events: asyncio.Queue[TranscriptEvent | None] = asyncio.Queue()
+        self._pending = np.zeros(0, dtype=np.float32)
+        self._handle = None
+        self._words: list[str] = []
+        self._utterance_start: float | None = None
+        self._frames_out = 0
+        self._flushed: asyncio.Event | None = None
+        self._flush_until = 0
+        self._frames_in = 0
+        self._closed = False
+        self._opening = asyncio.ensure_future(self._open())
+
+    async def _open(self) -> None:
+        try:
+            self._handle = await self.asr.runner.acquire_async(self._on_output_threadsafe, self._on_error_threadsafe)
+        except EngineError as exc:
+            self._events.put_nowait(AsrFailure(str(exc)))
+            return
+        prefix = np.zeros(int(self.asr.prefix_s * FRAME_RATE) * FRAME_SIZE, dtype=np.float32)
+        self._pending = np.concatenate([prefix, self._pending])  # the silence the model expects first
+        self._push_frames(np.zeros(0, dtype=np.float32))
+
+    def push_pcm(self, pcm: np.ndarray) -> None:
+        if not self._closed:
+            self._push_frames(np.asarray(pcm, dtype=np.float32))
+
+    def _push_frames(self, pcm: np.ndarray) -> None:
+        self._pending = np.concatenate([self._pending, pcm])
+        if self._handle is None:
+            return
+        while len(self._pending) >= FRAME_SIZE:
+            self._handle.push_frame(self._pending[:FRAME_SIZE])
+            self._pending = self._pending[FRAME_SIZE:]
+            self._frames_in += 1
+
+    async def flush(self) -> None:
+        await self._opening
+        if self._handle is None:
+            return
+        tail = int(np.ceil(self.asr.delay_s * FRAME_RATE)) + 1
+        self._push_frames(np.zeros(tail * FRAME_SIZE - len(self._pending) % FRAME_SIZE, dtype=np.float32))
+        self._flush_until = self._frames_in - self._handle.dropped_frames
+        self._flushed = asyncio.Event()
+        if self._frames_out < self._flush_until:
+            await self._flushed.wait()
+        self._final()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._opening
+        if self._handle is not None:
+            self._handle.release()
+        self._events.put_nowait(None)
+
+    async def __aiter__(self) -> AsyncIterator[TranscriptEvent]:
+        while (event := await self._events.get()) is not None:
+            yield event
+            if isinstance(event, AsrFailure):
+                return
+
+    # engine thread -> loop
+    def _on_output_threadsafe(self, out: SttFrame) -> None:
+        self._loop.call_soon_threadsafe(self._on_output, out)
+
+    def _on_error_threadsafe(self, exc: BaseException) -> None:
+        self._loop.call_soon_threadsafe(self._events.put_nowait, AsrFailure(f"kyutai-stt failed: {exc}"))
+
+    def _audio_time(self, frame: int) -> float:
+        return max(0.0, frame / FRAME_RATE - self.asr.prefix_s - self.asr.delay_s)
+
+    def _on_output(self, out: SttFrame) -> None:
+        self._frames_out += 1
+        now = self._audio_time(out.frame + 1)
+        if out.text_token is not None:
+            piece = piece_text(self.asr.model.tokenizer, out.text_token)
+            if self._utterance_start is None:
+                self._utterance_start = self._audio_time(out.frame)
+            if piece.startswith(" ") or not self._words:
+                self._words.append(piece.strip())
+            else:
+                self._words[-1] += piece
+            self._events.put_nowait(PartialTranscript(" ".join(self._words).strip(), self._utterance_start, now))
+        elif self._words and out.end_of_turn >= self.asr.options.eot_threshold:
+            self._final(now)
+        if self._flushed is not None and self._frames_out >= self._flush_until:
+            self._flushed.set()
+
+    def _final(self, end_s: float | None = None) -> None:
+        text = " ".join(self._words).strip()
+        if text:
+            end = end_s if end_s is not None else self._audio_time(self._frames_out)
+            self._events.put_nowait(FinalTranscript(text, self._utterance_start or 0.0, end))
+        self._words, self._utterance_start = [], None

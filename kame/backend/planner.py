@@ -1,0 +1,292 @@
+"""The planner: reacts to ASR events, (re)starts the LLM on the growing partial transcript,
+and turns each streamed answer into oracle updates (reset on a stream's first word, then appends).
+
+Policy (the reference's numbers, configurable): start when the user's word count grew by
+`min_new_words` since the last start, or on a final transcript; at most `max_restarts` starts
+per `restart_window_s`; a start cancels the running stream. Failures back off exponentially
+(or as long as the server's Retry-After asks). Event-driven: no polling loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kame.asr.events import FinalTranscript, PartialTranscript, TranscriptEvent
+from kame.backend.chunker import WordChunker
+from kame.backend.llm import ChatMessage, LLMClient, LLMError
+from kame.clock import Clock, MonotonicClock
+from kame.frontend.oracle import OracleUpdate, TextTokenizer, tokenize_words
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are the thinking half of a spoken voice assistant. You read a live transcript of the "
+    "conversation; the user's last line may still be unfinished because they are still talking, so "
+    "answer what they most likely mean. Reply only with what the assistant should say next: at most 30 "
+    "words of plain spoken English, with no lists, markup, emoji or symbols that cannot be read aloud "
+    "(write numbers as words). If the assistant said something wrong earlier, correct it briefly."
+)
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    min_new_words: int = 2  # start again when the partial grew by this many words
+    restart_on_final: bool = True  # always start on a final transcript
+    max_restarts: int = 5  # at most this many starts ...
+    restart_window_s: float = 2.0  # ... per this many seconds
+    backoff_initial_s: float = 0.5  # wait after a failed attempt, doubled per failure in a row
+    backoff_max_s: float = 10.0
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    max_history_turns: int = 20  # conversation turns kept in the prompt
+
+
+@dataclass
+class AttemptRecord:
+    """One LLM attempt and its timings (clock seconds); feeds metrics, events and evaluation."""
+
+    epoch: int
+    backend: str
+    trigger: Literal["partial", "final", "deferred"]
+    user_text: str
+    audio_s: float  # audio time of the transcript that triggered it
+    requested_at: float
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    status: Literal["running", "done", "cancelled", "failed"] = "running"
+    text: str = ""
+    tokens: int = 0
+    error_kind: str | None = None
+    error: str | None = None
+
+    @property
+    def first_token_latency_s(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.requested_at
+
+
+@dataclass(frozen=True)
+class AttemptStarted:
+    record: AttemptRecord
+
+
+@dataclass(frozen=True)
+class AttemptFirstToken:
+    record: AttemptRecord
+
+
+@dataclass(frozen=True)
+class AttemptFinished:
+    record: AttemptRecord
+    retry_in_s: float | None = None  # after a failure: when the next attempt may start
+
+
+@dataclass(frozen=True)
+class OracleEmitted:
+    update: OracleUpdate
+    text: str  # the words these tokens stand for
+
+
+@dataclass(frozen=True)
+class BackendSwitched:
+    old: str
+    new: str
+
+
+PlannerEvent = AttemptStarted | AttemptFirstToken | AttemptFinished | OracleEmitted | BackendSwitched
+
+
+@dataclass
+class _Turns:
+    """The conversation: closed turns plus the user's pending words and the assistant's speech."""
+
+    turns: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=40))
+    pending_user: str = ""
+    user_closed: bool = True  # the last user utterance ended with a final
+    assistant_said: str = ""
+
+    def begin_user(self) -> None:
+        if self.user_closed:
+            if self.assistant_said.strip():
+                self.turns.append(("assistant", self.assistant_said.strip()))
+            self.assistant_said, self.user_closed = "", False
+
+    def lines(self, limit: int) -> list[str]:
+        turns = list(self.turns)[-limit:]
+        if self.assistant_said.strip() and self.user_closed:
+            turns.append(("assistant", self.assistant_said.strip()))
+        if self.pending_user and not self.user_closed:
+            turns.append(("user", self.pending_user))
+        return [f"{role}: {text}" for role, text in turns]
+
+
+class Planner:
+    def __init__(
+        self,
+        llm: LLMClient,
+        tokenizer: TextTokenizer,
+        send_oracle: Callable[[OracleUpdate], None],
+        on_event: Callable[[PlannerEvent], None] | None = None,
+        config: PlannerConfig = PlannerConfig(),
+        clock: Clock | None = None,
+    ) -> None:
+        self.llm, self.tokenizer, self.config = llm, tokenizer, config
+        self._send_oracle, self._on_event = send_oracle, on_event or (lambda event: None)
+        self.clock = clock or MonotonicClock()
+        self.system_prompt = config.system_prompt
+        self.epoch = 0
+        self.attempts: deque[AttemptRecord] = deque(maxlen=200)
+        self._conv = _Turns()
+        self._words_at_start = 0
+        self._starts: deque[float] = deque()
+        self._backoff_until = 0.0
+        self._failures = 0
+        self._task: asyncio.Task | None = None
+        self._deferred: asyncio.Task | None = None
+        self._deferred_messages: list[ChatMessage] | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._last_audio_s = 0.0
+
+    # ------------------------------------------------------------------ inputs
+
+    def on_transcript(self, event: TranscriptEvent) -> None:
+        if isinstance(event, PartialTranscript):
+            self._conv.begin_user()
+            self._conv.pending_user, self._last_audio_s = event.text, event.end_s
+            grown = len(event.text.split()) - self._words_at_start
+            if grown >= self.config.min_new_words:
+                self._request_start("partial")
+        elif isinstance(event, FinalTranscript):
+            self._conv.begin_user()
+            self._conv.pending_user, self._last_audio_s = event.text, event.end_s
+            messages = self._messages()
+            self._conv.turns.append(("user", event.text))
+            self._conv.pending_user, self._conv.user_closed = "", True
+            self._words_at_start = 0
+            if self.config.restart_on_final:
+                self._request_start("final", messages)
+
+    def on_assistant_text(self, text: str) -> None:
+        """What the front-end actually said (its text stream), to keep the conversation true."""
+        self._conv.assistant_said += text
+
+    def set_llm(self, llm: LLMClient) -> None:
+        """Hot-swap the backend: the next attempt uses it; the front-end is untouched."""
+        old, self.llm = self.llm.name, llm
+        self._failures, self._backoff_until = 0, 0.0
+        self._on_event(BackendSwitched(old, llm.name))
+
+    def set_system_prompt(self, prompt: str) -> None:
+        self.system_prompt = prompt
+
+    @property
+    def conversation(self) -> list[str]:
+        return self._conv.lines(self.config.max_history_turns)
+
+    # ------------------------------------------------------------------ policy
+
+    def _messages(self) -> list[ChatMessage]:
+        transcript = "\n".join(self._conv.lines(self.config.max_history_turns))
+        return [ChatMessage("system", self.system_prompt), ChatMessage("user", transcript)]
+
+    def _request_start(self, trigger: str, messages: list[ChatMessage] | None = None) -> None:
+        now = self.clock.now()
+        window = self.config.restart_window_s
+        while self._starts and self._starts[0] <= now - window:
+            self._starts.popleft()
+        allowed_at = self._backoff_until
+        if len(self._starts) >= self.config.max_restarts:
+            allowed_at = max(allowed_at, self._starts[0] + window)
+        if allowed_at > now:
+            self._defer(allowed_at, messages)
+            return
+        self._start(trigger, messages or self._messages())
+
+    def _defer(self, allowed_at: float, messages: list[ChatMessage] | None) -> None:
+        """Start once allowed, with the transcript as it will be then (one deferred start at most)."""
+        if self._deferred is not None and not self._deferred.done():
+            if messages is not None:
+                self._deferred_messages = messages
+            return
+        self._deferred_messages = messages
+
+        async def later() -> None:
+            await self.clock.sleep(allowed_at - self.clock.now())
+            self._deferred = None
+            self._request_start("deferred", self._deferred_messages)
+
+        self._deferred = self._spawn(later(), f"planner-deferred-{self.epoch}")
+
+    def _start(self, trigger: str, messages: list[ChatMessage]) -> None:
+        self._starts.append(self.clock.now())
+        self.epoch += 1
+        self._words_at_start = len(self._conv.pending_user.split())
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        record = AttemptRecord(self.epoch, self.llm.name, trigger, messages[-1].content.split("\n")[-1],
+                               self._last_audio_s, self.clock.now())
+        self.attempts.append(record)
+        self._on_event(AttemptStarted(record))
+        self._task = self._spawn(self._run(record, messages), f"llm-attempt-{self.epoch}")
+
+    def _spawn(self, coro, name: str) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ------------------------------------------------------------------ one attempt
+
+    async def _run(self, record: AttemptRecord, messages: list[ChatMessage]) -> None:
+        chunker = WordChunker()
+        try:
+            async for delta in self.llm.stream_chat(messages):
+                self._emit_words(record, chunker.push(delta))
+            self._emit_words(record, chunker.flush())
+            self._finish(record, "done")
+            self._failures = 0
+        except asyncio.CancelledError:
+            self._finish(record, "cancelled")
+            raise
+        except LLMError as exc:
+            self._failed(record, exc)
+
+    def _emit_words(self, record: AttemptRecord, words: list[str]) -> None:
+        if not words or record.epoch != self.epoch:
+            return
+        text = " ".join(words)
+        tokens = tuple(tokenize_words(self.tokenizer, text))
+        if record.first_token_at is None:
+            record.first_token_at = self.clock.now()
+            self._on_event(AttemptFirstToken(record))
+            update = OracleUpdate.reset(record.epoch, tokens)
+        else:
+            update = OracleUpdate.append(record.epoch, tokens)
+        record.text = f"{record.text} {text}".strip()
+        record.tokens += len(tokens)
+        self._send_oracle(update)
+        self._on_event(OracleEmitted(update, text))
+
+    def _finish(self, record: AttemptRecord, status: str, retry_in_s: float | None = None) -> None:
+        record.status, record.finished_at = status, self.clock.now()
+        self._on_event(AttemptFinished(record, retry_in_s))
+
+    def _failed(self, record: AttemptRecord, exc: LLMError) -> None:
+        self._failures += 1
+        backoff = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** (self._failures - 1))
+        if exc.retry_after_s is not None:
+            backoff = max(backoff, exc.retry_after_s)
+        self._backoff_until = self.clock.now() + backoff
+        record.error_kind, record.error = exc.kind, str(exc)
+        logger.warning("LLM attempt %d failed (%s): %s; next attempt in >= %.1f s",
+                       record.epoch, exc.kind, exc, backoff)
+        self._finish(record, "failed", backoff)
+
+    async def aclose(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

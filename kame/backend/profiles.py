@@ -1,0 +1,36 @@
+"""Named LLM backend profiles: where an OpenAI-compatible endpoint is, which model, which key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class BackendProfile:
+    """One OpenAI-compatible chat-completions endpoint. The key itself is read from the env at use."""
+
+    name: str
+    base_url: str | None  # None: the openai package's default (api.openai.com)
+    model: str
+    api_key_env: str | None = "OPENAI_API_KEY"  # None: the endpoint needs no key
+    connect_timeout_s: float = 3.0  # TCP + TLS
+    first_token_timeout_s: float = 5.0  # request sent -> first streamed token
+    token_timeout_s: float = 3.0  # the longest silence allowed between two chunks
+    max_tokens: int = 120  # a spoken answer of ~30 words needs far fewer
+    temperature: float = 0.3
+
+    def with_overrides(self, **changes) -> BackendProfile:
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def public(self) -> dict:
+        """What may be shown to clients and in logs: never the key, only the variable's name."""
+        return {"name": self.name, "base_url": self.base_url, "model": self.model, "api_key_env": self.api_key_env}
+
+
+DEFAULT_PROFILES: dict[str, BackendProfile] = {
+    "openai": BackendProfile("openai", None, "gpt-4.1", "OPENAI_API_KEY"),
+    "anthropic": BackendProfile("anthropic", "https://api.anthropic.com/v1/", "claude-opus-4-1", "ANTHROPIC_API_KEY"),
+    "gemini": BackendProfile(
+        "gemini", "https://generativelanguage.googleapis.com/v1beta/openai/", "gemini-2.5-flash", "GEMINI_API_KEY"),
+    "local": BackendProfile("local", "http://127.0.0.1:8000/v1", "local-model", None),
+}

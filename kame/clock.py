@@ -1,0 +1,56 @@
+"""Injectable time: the real monotonic clock, or a manual one that tests advance by hand."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Seconds on a monotonic scale."""
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class MonotonicClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+
+class ManualClock:
+    """Time stands still until `advance`; sleepers wake when their deadline is passed."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self._now = start
+        self._sleepers: list[tuple[float, asyncio.Future]] = []
+
+    def now(self) -> float:
+        return self._now
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._sleepers.append((self._now + seconds, future))
+        await future
+
+    async def advance(self, seconds: float) -> None:
+        self._now += seconds
+        due = [f for t, f in self._sleepers if t <= self._now]
+        self._sleepers = [(t, f) for t, f in self._sleepers if t > self._now]
+        for future in due:
+            if not future.done():
+                future.set_result(None)
+        await settle()
+
+
+async def settle(rounds: int = 20) -> None:
+    """Let every ready task run until the loop is quiet (a few rounds of the event loop)."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
