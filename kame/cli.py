@@ -102,7 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_frontend_bench_args(frontend)
     frontend.set_defaults(func=_cmd_bench)
+    _register_plugins(sub)
     return parser
+
+
+def _register_plugins(sub: argparse._SubParsersAction) -> None:
+    """Subcommands of the server and the clients, found through the `kame.commands` entry points
+    (so that `kame` itself never imports `server/` or `client/`)."""
+    from importlib.metadata import entry_points
+
+    for entry in sorted(entry_points(group="kame.commands"), key=lambda e: e.name):
+        entry.load()(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

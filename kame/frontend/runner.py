@@ -68,8 +68,10 @@ class SlotHandle:
 class EngineRunner:
     """Owns the engine thread. Use as a context manager or call `start()` / `stop()`."""
 
-    def __init__(self, engine: BatchedEngine, batch_window_s: float = 0.02, max_pending_frames: int = 25) -> None:
+    def __init__(self, engine: BatchedEngine, batch_window_s: float = 0.02, max_pending_frames: int = 25,
+                 on_step: Callable[[float, int], None] | None = None) -> None:
         self.engine = engine
+        self.on_step = on_step  # (seconds, batch size) after each step, on the engine thread
         self.batch_window_s = batch_window_s  # how long a ready slot waits for the others
         self.max_pending_frames = max_pending_frames  # per slot; beyond it the oldest frame is dropped
         self._cond = threading.Condition()
@@ -226,8 +228,11 @@ class EngineRunner:
                 if inbox.on_error is not None:
                     inbox.on_error(exc)
             return
-        self.step_seconds.append(time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        self.step_seconds.append(elapsed)
         self.steps += 1
+        if self.on_step is not None:
+            self.on_step(elapsed, len(batch))
         for output in outputs:
             try:
                 batch[output.slot][2].on_output(output)

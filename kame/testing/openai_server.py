@@ -10,6 +10,7 @@ import asyncio
 import json
 import re
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ class ScriptedOpenAIServer:
             queue = deque(replies or [])
             self._script = lambda body: queue.popleft() if queue else default
         self.requests: list[dict] = []  # JSON bodies received, in order
+        self.received_at: list[float] = []  # time.monotonic() of each request
         self.headers: list[dict] = []
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -103,6 +105,7 @@ class ScriptedOpenAIServer:
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        self.received_at.append(time.monotonic())
         self.requests.append(body)
         self.headers.append(dict(request.headers))
         reply = self._script(body)

@@ -1,0 +1,1 @@
+"""Clients of the KAME server: an async Python client, the CLI, and the browser page (web/)."""

@@ -1,0 +1,142 @@
+"""An async Python client of the KAME server (Moshi's protocol plus the KAME extensions)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import numpy as np
+import websockets
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from kame.codec import OpusDecoder, OpusEncoder, pcm16_decode, pcm16_encode
+from kame.protocol import (
+    ConfigureMessage,
+    Kind,
+    ProtocolError,
+    ServerEvent,
+    decode,
+    encode,
+    encode_client_message,
+    parse_event,
+)
+
+
+class ServerBusy(ConnectionError):
+    """The server refused the session: all its slots are in use (HTTP 503 or close code 1013)."""
+
+
+@dataclass(frozen=True)
+class AudioMessage:
+    pcm: np.ndarray  # float32, 24 kHz mono
+    received_s: float  # client clock (time.monotonic)
+
+
+@dataclass(frozen=True)
+class TextMessage:
+    text: str
+    received_s: float
+
+
+@dataclass(frozen=True)
+class EventMessage:
+    event: ServerEvent
+    received_s: float
+
+
+@dataclass(frozen=True)
+class ErrorMessage:
+    text: str
+    received_s: float
+
+
+ServerMessage = AudioMessage | TextMessage | EventMessage | ErrorMessage
+
+
+def session_url(url: str, events: bool, audio: str, backend: str | None) -> str:
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    if events:
+        query["events"] = "1"
+    if audio != "opus":
+        query["audio"] = audio
+    if backend:
+        query["backend"] = backend
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+class KameClient:
+    def __init__(self, ws, audio: str) -> None:
+        self.ws, self.audio = ws, audio
+        self._encoder, self._decoder = OpusEncoder(), OpusDecoder()
+
+    @classmethod
+    async def connect(cls, url: str, events: bool = True, audio: str = "opus", backend: str | None = None,
+                      open_timeout: float = 30.0) -> KameClient:
+        """Connect and wait for the server's handshake."""
+        try:
+            ws = await websockets.connect(session_url(url, events, audio, backend), open_timeout=open_timeout,
+                                          max_size=None)
+        except InvalidStatus as exc:
+            if exc.response.status_code == 503:
+                raise ServerBusy(exc.response.body.decode(errors="replace")) from exc
+            raise
+        try:
+            first = await ws.recv()
+        except ConnectionClosed as exc:
+            if exc.rcvd is not None and exc.rcvd.code == 1013:
+                raise ServerBusy(exc.rcvd.reason) from exc
+            raise
+        if not isinstance(first, bytes) or first[:1] != bytes([Kind.HANDSHAKE]):
+            await ws.close()
+            raise ProtocolError(f"expected the handshake, got {first[:16]!r}")
+        return cls(ws, audio)
+
+    async def send_pcm(self, pcm: np.ndarray) -> None:
+        """Send 24 kHz mono float32 audio (any chunk size)."""
+        if self.audio == "pcm":
+            await self.ws.send(encode(Kind.PCM, pcm16_encode(pcm)))
+        elif data := self._encoder.encode(pcm):
+            await self.ws.send(encode(Kind.AUDIO, data))
+
+    async def configure(self, backend: str | None = None, system_prompt: str | None = None) -> None:
+        await self.ws.send(encode_client_message(ConfigureMessage(backend=backend, system_prompt=system_prompt)))
+
+    async def send_raw(self, data: bytes | str) -> None:
+        await self.ws.send(data)
+
+    async def __aiter__(self) -> AsyncIterator[ServerMessage]:
+        try:
+            async for raw in self.ws:
+                message = self._parse(raw)
+                if message is not None:
+                    yield message
+        except ConnectionClosed:
+            return
+
+    def _parse(self, raw: bytes | str) -> ServerMessage | None:
+        now = time.monotonic()
+        if isinstance(raw, str):
+            return ErrorMessage(f"unexpected text frame: {raw[:80]}", now)
+        kind, payload = decode(raw)
+        if kind is Kind.AUDIO:
+            pcm = self._decoder.decode(payload)
+            return AudioMessage(pcm, now) if len(pcm) else None
+        if kind is Kind.PCM:
+            return AudioMessage(pcm16_decode(payload), now)
+        if kind is Kind.TEXT:
+            return TextMessage(payload.decode("utf-8", errors="replace"), now)
+        if kind is Kind.EVENT:
+            return EventMessage(parse_event(payload), now)
+        if kind is Kind.ERROR:
+            return ErrorMessage(payload.decode("utf-8", errors="replace"), now)
+        return None
+
+    @property
+    def close_code(self) -> int | None:
+        return self.ws.close_code
+
+    async def close(self) -> None:
+        await self.ws.close()

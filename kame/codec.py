@@ -1,0 +1,56 @@
+"""Audio on the wire: Ogg/Opus streams (via sphn) and raw PCM16, cut into 1920-sample frames."""
+
+from __future__ import annotations
+
+import numpy as np
+import sphn
+
+from kame.protocol import FRAME_SIZE, SAMPLE_RATE, ProtocolError
+
+
+class OpusDecoder:
+    """Ogg/Opus bytes in, float32 PCM out. A corrupt stream raises ProtocolError and is reset."""
+
+    def __init__(self, sample_rate: int = SAMPLE_RATE) -> None:
+        self.sample_rate = sample_rate
+        self._reader = sphn.OpusStreamReader(sample_rate)
+
+    def decode(self, data: bytes) -> np.ndarray:
+        try:
+            return np.asarray(self._reader.append_bytes(data), dtype=np.float32)
+        except ValueError as exc:
+            self._reader = sphn.OpusStreamReader(self.sample_rate)  # start over at the next stream
+            raise ProtocolError(f"corrupt Ogg/Opus audio: {exc}") from exc
+
+
+class OpusEncoder:
+    def __init__(self, sample_rate: int = SAMPLE_RATE) -> None:
+        self._writer = sphn.OpusStreamWriter(sample_rate)
+
+    def encode(self, pcm: np.ndarray) -> bytes:
+        return self._writer.append_pcm(np.asarray(pcm, dtype=np.float32))
+
+
+def pcm16_decode(data: bytes) -> np.ndarray:
+    if len(data) % 2:
+        raise ProtocolError("PCM16 audio must have an even number of bytes")
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def pcm16_encode(pcm: np.ndarray) -> bytes:
+    return (np.clip(pcm, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+class FrameSplitter:
+    """Re-cuts PCM of any chunk size into whole frames of FRAME_SIZE samples."""
+
+    def __init__(self, frame_size: int = FRAME_SIZE) -> None:
+        self.frame_size = frame_size
+        self._buffer = np.zeros(0, dtype=np.float32)
+
+    def push(self, pcm: np.ndarray) -> list[np.ndarray]:
+        self._buffer = np.concatenate([self._buffer, np.asarray(pcm, dtype=np.float32)])
+        count = len(self._buffer) // self.frame_size
+        frames = [self._buffer[i * self.frame_size:(i + 1) * self.frame_size] for i in range(count)]
+        self._buffer = self._buffer[count * self.frame_size:]
+        return frames

@@ -1,0 +1,1 @@
+"""The KAME FastAPI websocket server: many tandem sessions on one batched front-end engine."""

@@ -1,0 +1,54 @@
+"""`kame serve`: registered into the `kame` command through the `kame.commands` entry point."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import warnings
+
+logger = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser("serve", help="run the websocket server")
+    serve.add_argument("--config", default=None, help="TOML config file (see configs/default.toml)")
+    serve.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port (default 8998)")
+    serve.add_argument("--frontend", default=None, help="preset, local directory or HF repo (default SakanaAI/kame)")
+    serve.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
+    serve.add_argument("--max-sessions", type=int, default=None, help="session slots (default: 4 on CPU, 32 on GPU)")
+    serve.add_argument("--asr", default=None, choices=["whisper", "kyutai-stt", "none"])
+    serve.add_argument("--asr-model", default=None)
+    serve.add_argument("--llm", default=None, help="default LLM backend profile (openai, anthropic, gemini, local)")
+    serve.add_argument("--llm-base-url", default=None, help="an ad-hoc OpenAI-compatible endpoint ...")
+    serve.add_argument("--llm-model", default=None, help="... and its model (together: profile 'custom')")
+    serve.add_argument("--llm-api-key-env", default=None, help="env var holding its key (default OPENAI_API_KEY)")
+    serve.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import uvicorn
+
+    from server.app import create_app
+    from server.services import Services
+    from server.settings import load_settings
+
+    settings = load_settings(
+        args.config, host=args.host, port=args.port, frontend=args.frontend, device=args.device,
+        max_sessions=args.max_sessions, asr=args.asr, asr_model=args.asr_model, llm=args.llm,
+        llm_base_url=args.llm_base_url, llm_model=args.llm_model, llm_api_key_env=args.llm_api_key_env)
+    services = Services.start(settings)  # load and warm everything before the port opens
+    # uvicorn's legacy websockets implementation: its sans-io successor logs a spurious error after
+    # the HTTP 503 denial response that refuses a session when all slots are busy
+    warnings.filterwarnings("ignore", message=".*websockets.* implementation is deprecated")
+    try:
+        config = uvicorn.Config(create_app(settings, services), host=settings.host, port=settings.port,
+                                log_level="info", ws="websockets", lifespan="on",
+                                ws_max_size=settings.max_message_bytes + 1024)
+        server = uvicorn.Server(config)
+        server.run()
+        return 0 if server.started else 1
+    finally:
+        asyncio.run(services.aclose())

@@ -1,0 +1,322 @@
+"""One websocket session: its engine slot, ASR stream, planner and conversation, in one TaskGroup.
+
+Tasks: receive (client audio and control), engine (assistant audio and text back), asr
+(transcripts into the planner), send (one writer to the socket), stats. Cleanup runs in
+`finally` on every exit path: the slot, the ASR stream and the LLM stream are released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import logging
+import statistics
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+from starlette.websockets import WebSocket
+
+from kame.asr.events import AsrFailure, FinalTranscript, PartialTranscript
+from kame.backend.planner import (
+    AttemptFinished,
+    AttemptFirstToken,
+    AttemptStarted,
+    BackendSwitched,
+    OracleEmitted,
+    Planner,
+    PlannerEvent,
+)
+from kame.codec import FrameSplitter, OpusDecoder, OpusEncoder, pcm16_decode, pcm16_encode
+from kame.frontend.engine import FrameOutput
+from kame.frontend.oracle import piece_text
+from kame.frontend.runner import SlotHandle
+from kame.protocol import (
+    SAMPLE_RATE,
+    AsrStatusEvent,
+    BackendEvent,
+    ConfigureMessage,
+    ErrorEvent,
+    Kind,
+    LLMEvent,
+    OracleEvent,
+    ProtocolError,
+    ReadyEvent,
+    StatsEvent,
+    TranscriptEvent,
+    decode,
+    encode,
+    encode_event,
+    parse_client_message,
+)
+from server.send_queue import SendQueue
+from server.services import Services
+
+logger = logging.getLogger(__name__)
+
+
+class _Disconnected(Exception):
+    """The client went away."""
+
+
+class _EngineFailed(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    events: bool = False  # send JSON events (kind 7)
+    audio: str = "opus"  # "opus" (Moshi's) or "pcm" (raw PCM16, kind 9)
+    backend: str | None = None
+
+    @classmethod
+    def from_query(cls, params) -> SessionOptions:
+        audio = params.get("audio", "opus")
+        if audio not in ("opus", "pcm"):
+            raise ProtocolError(f"audio must be 'opus' or 'pcm', not {audio!r}")
+        return cls(params.get("events", "0").lower() in ("1", "true", "yes"), audio, params.get("backend"))
+
+
+class Session:
+    def __init__(self, ws: WebSocket, services: Services, options: SessionOptions) -> None:
+        self.ws, self.services, self.options = ws, services, options
+        self.settings = services.settings
+        self.id = uuid.uuid4().hex[:12]
+        self._loop = asyncio.get_running_loop()
+        self._outputs: asyncio.Queue[FrameOutput | BaseException] = asyncio.Queue()
+        self._send = SendQueue(self.settings.send_queue_messages)
+        self._splitter = FrameSplitter()
+        self._opus_in, self._opus_out = OpusDecoder(), OpusEncoder()
+        self._frame_pushed_at: deque[float] = deque()
+        self._latencies: deque[float] = deque(maxlen=100)
+        self._audio_wall: deque[tuple[float, float]] = deque(maxlen=2000)  # (audio end s, wall time received)
+        self._samples_in = 0
+        self.frames_in = self.frames_out = self._dropped_seen = 0
+        self._oracle_text: dict[int, str] = {}
+        backend = options.backend or self.settings.default_profile
+        if backend not in services.profiles:
+            raise ProtocolError(f"unknown backend profile {backend!r}; known: {', '.join(services.profiles)}")
+        self.backend = backend
+        self.handle: SlotHandle | None = None
+        self.planner: Planner | None = None
+
+    # ---------------------------------------------------------------- engine thread -> loop
+
+    def on_output_threadsafe(self, output: FrameOutput) -> None:
+        self._loop.call_soon_threadsafe(self._outputs.put_nowait, output)
+
+    def on_error_threadsafe(self, exc: BaseException) -> None:
+        self._loop.call_soon_threadsafe(self._outputs.put_nowait, exc)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def run(self, handle: SlotHandle) -> None:
+        self.handle = handle
+        services = self.services
+        metrics = services.metrics
+        metrics.sessions_total.inc()
+        metrics.active_sessions.inc()
+        asr_stream = services.asr.open_stream()
+        self.planner = Planner(services.llm(self.backend), services.frontend.tokenizer, self._send_oracle,
+                               self._on_planner_event, self.settings.planner_config())
+        logger.info("session %s started (slot %d, backend %s)", self.id, handle.slot, self.backend)
+        try:
+            await self.ws.send_bytes(encode(Kind.HANDSHAKE))
+            self._event(ReadyEvent(
+                session_id=self.id, frontend=services.frontend.source, asr=services.asr.name, backend=self.backend,
+                backends=list(services.profiles), system_prompt=self.planner.system_prompt, audio=self.options.audio))
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._receive(asr_stream), name=f"session-{self.id}-receive")
+                tasks.create_task(self._engine_output(), name=f"session-{self.id}-engine")
+                tasks.create_task(self._asr_events(asr_stream), name=f"session-{self.id}-asr")
+                tasks.create_task(self._sender(), name=f"session-{self.id}-send")
+                if self.options.events:
+                    tasks.create_task(self._stats(), name=f"session-{self.id}-stats")
+        except* _Disconnected:
+            logger.info("session %s: client disconnected", self.id)
+        except* _EngineFailed:
+            logger.error("session %s ended: the engine failed on its slot", self.id)
+            await self._close(1011, "engine failure")
+        finally:
+            handle.release()
+            await asr_stream.aclose()
+            await self.planner.aclose()
+            metrics.active_sessions.dec()
+            metrics.free_slots.set(services.runner.free_slots)
+            logger.info("session %s ended after %d frames", self.id, self.frames_in)
+
+    async def _close(self, code: int, reason: str) -> None:
+        with contextlib.suppress(RuntimeError, OSError):  # already closed
+            await self.ws.close(code, reason)
+
+    # ---------------------------------------------------------------- tasks
+
+    async def _receive(self, asr_stream) -> None:
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                raise _Disconnected
+            data = message.get("bytes")
+            try:
+                if data is None:
+                    raise ProtocolError("text frames are not part of the protocol: send binary messages")
+                if len(data) > self.settings.max_message_bytes:
+                    raise ProtocolError(f"message of {len(data)} bytes exceeds {self.settings.max_message_bytes}")
+                self._on_message(*decode(data), asr_stream)
+            except ProtocolError as exc:
+                self.services.metrics.protocol_errors.inc()
+                self._error("protocol", str(exc))
+
+    def _on_message(self, kind: Kind, payload: bytes, asr_stream) -> None:
+        if kind is Kind.AUDIO:
+            self._on_pcm(self._opus_in.decode(payload), asr_stream)
+        elif kind is Kind.PCM:
+            self._on_pcm(pcm16_decode(payload), asr_stream)
+        elif kind is Kind.CLIENT_JSON:
+            self._configure(parse_client_message(payload))
+        elif kind is Kind.PING:
+            pass
+        else:
+            raise ProtocolError(f"a client may not send message kind {int(kind)} ({kind.name.lower()})")
+
+    def _on_pcm(self, pcm: np.ndarray, asr_stream) -> None:
+        if not len(pcm):
+            return
+        now = time.monotonic()
+        self._samples_in += len(pcm)
+        self._audio_wall.append((self._samples_in / SAMPLE_RATE, now))
+        asr_stream.push_pcm(pcm)
+        for frame in self._splitter.push(pcm):
+            self._frame_pushed_at.append(now)
+            self.handle.push_frame(frame)
+            self.frames_in += 1
+
+    def _configure(self, message: ConfigureMessage) -> None:
+        if message.backend is not None:
+            if message.backend not in self.services.profiles:
+                raise ProtocolError(f"unknown backend profile {message.backend!r}; "
+                                    f"known: {', '.join(self.services.profiles)}")
+            if message.backend != self.backend:
+                self.backend = message.backend
+                self.planner.set_llm(self.services.llm(message.backend))
+        if message.system_prompt is not None:
+            self.planner.set_system_prompt(message.system_prompt)
+        profile = self.services.profiles[self.backend]
+        self._event(BackendEvent(name=self.backend, model=profile.model, system_prompt=self.planner.system_prompt))
+
+    async def _engine_output(self) -> None:
+        tokenizer = self.services.frontend.tokenizer
+        while True:
+            output = await self._outputs.get()
+            if isinstance(output, BaseException):
+                self._error("engine", f"the engine failed: {output}")
+                raise _EngineFailed from output
+            self._account_latency()
+            self.frames_out += 1
+            if self.options.audio == "pcm":
+                self._send.put(encode(Kind.PCM, pcm16_encode(output.pcm)), droppable=True)
+            elif opus := self._opus_out.encode(output.pcm):
+                self._send.put(encode(Kind.AUDIO, opus), droppable=True)
+            if output.text_token is not None and tokenizer is not None:
+                piece = piece_text(tokenizer, output.text_token)
+                self._send.put(encode(Kind.TEXT, piece.encode()))
+                self.planner.on_assistant_text(piece)
+            for applied in output.applied:
+                self._on_applied(applied)
+
+    def _account_latency(self) -> None:
+        dropped = self.handle.dropped_frames
+        for _ in range(dropped - self._dropped_seen):  # frames the runner dropped never come out
+            if self._frame_pushed_at:
+                self._frame_pushed_at.popleft()
+                self.services.metrics.frames_dropped.labels("in").inc()
+        self._dropped_seen = dropped
+        if self._frame_pushed_at:
+            latency = time.monotonic() - self._frame_pushed_at.popleft()
+            self._latencies.append(latency)
+            self.services.metrics.frame_latency.observe(latency)
+
+    def _on_applied(self, applied) -> None:
+        metrics = self.services.metrics
+        update = applied.update
+        seen = len(update.tokens) - applied.late_tokens
+        metrics.oracle_tokens.labels("applied" if applied.accepted else "dropped").inc(
+            seen if applied.accepted else len(update.tokens))
+        metrics.oracle_tokens.labels("late").inc(applied.late_tokens)
+        self._event(OracleEvent(op=update.op.value, epoch=update.epoch, text=self._oracle_text.pop(id(update), ""),
+                                tokens=len(update.tokens), frame=applied.frame, accepted=applied.accepted,
+                                late_tokens=applied.late_tokens))
+
+    async def _asr_events(self, asr_stream) -> None:
+        async for event in asr_stream:
+            if isinstance(event, AsrFailure):
+                logger.warning("session %s: ASR failed (%s); going on without oracle updates", self.id, event.message)
+                self._event(AsrStatusEvent(status="failed", message=event.message))
+                return
+            if isinstance(event, PartialTranscript):
+                self.services.metrics.asr_partial_lag.observe(self._lag(event.end_s))
+            self.planner.on_transcript(event)
+            self._event(TranscriptEvent(final=isinstance(event, FinalTranscript), text=event.text,
+                                        start_s=round(event.start_s, 3), end_s=round(event.end_s, 3)))
+
+    def _lag(self, audio_s: float) -> float:
+        index = bisect.bisect_left(self._audio_wall, (audio_s, 0.0))
+        received = self._audio_wall[min(index, len(self._audio_wall) - 1)][1] if self._audio_wall else time.monotonic()
+        return max(0.0, time.monotonic() - received)
+
+    async def _sender(self) -> None:
+        while True:
+            message = await self._send.get()
+            try:
+                await self.ws.send_bytes(message)
+            except (RuntimeError, OSError) as exc:
+                raise _Disconnected from exc
+
+    async def _stats(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.stats_interval_s)
+            latency = statistics.median(self._latencies) * 1000 if self._latencies else None
+            self._event(StatsEvent(frames_in=self.frames_in, frames_out=self.frames_out,
+                                   frames_dropped=self._dropped_seen + self._send.dropped,
+                                   frame_latency_ms=None if latency is None else round(latency, 2)))
+
+    # ---------------------------------------------------------------- planner -> client
+
+    def _send_oracle(self, update) -> None:
+        self.handle.push_oracle(update)
+
+    def _on_planner_event(self, event: PlannerEvent) -> None:
+        metrics = self.services.metrics
+        if isinstance(event, OracleEmitted):
+            self._oracle_text[id(event.update)] = event.text
+            return
+        if isinstance(event, BackendSwitched):
+            return  # the configure reply says it
+        record = event.record
+        phase = {AttemptStarted: "started", AttemptFirstToken: "first_token"}.get(type(event), record.status)
+        if isinstance(event, AttemptFirstToken):
+            metrics.llm_ttft.labels(record.backend).observe(record.first_token_latency_s or 0.0)
+        if isinstance(event, AttemptFinished):
+            metrics.llm_attempts.labels(record.backend, record.status).inc()
+        self._event(LLMEvent(
+            phase=phase, epoch=record.epoch, backend=record.backend, trigger=record.trigger,
+            user_text=record.user_text if phase == "started" else "",
+            latency_s=record.first_token_latency_s if phase == "first_token" else None,
+            answer=record.text if phase in ("done", "cancelled", "failed") else "",
+            error_kind=record.error_kind, error=record.error,
+            retry_in_s=event.retry_in_s if isinstance(event, AttemptFinished) else None))
+
+    # ---------------------------------------------------------------- helpers
+
+    def _event(self, event) -> None:
+        if self.options.events:
+            self._send.put(encode_event(event))
+
+    def _error(self, code: str, message: str) -> None:
+        if self.options.events:
+            self._event(ErrorEvent(code=code, message=message))
+        else:
+            self._send.put(encode(Kind.ERROR, message.encode()))

@@ -1,0 +1,132 @@
+"""Server settings: defaults < config file (TOML) < KAME_* env vars < CLI flags, validated once."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from kame.backend.planner import DEFAULT_SYSTEM_PROMPT, PlannerConfig
+from kame.backend.profiles import DEFAULT_PROFILES, BackendProfile
+from kame.errors import KameError
+
+
+class SettingsError(KameError):
+    """A bad setting; the message names the key."""
+
+
+class ProfileSettings(BaseModel):
+    """An LLM backend profile in the config file ([profiles.NAME])."""
+
+    model_config = ConfigDict(extra="forbid")
+    base_url: str | None = None
+    model: str
+    api_key_env: str | None = "OPENAI_API_KEY"
+    connect_timeout_s: float = Field(3.0, gt=0)
+    first_token_timeout_s: float = Field(5.0, gt=0)
+    token_timeout_s: float = Field(3.0, gt=0)
+    max_tokens: int = Field(120, gt=0)
+    temperature: float = Field(0.3, ge=0, le=2)
+
+
+class PlannerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    min_new_words: int = Field(2, ge=1)
+    restart_on_final: bool = True
+    max_restarts: int = Field(5, ge=1)
+    restart_window_s: float = Field(2.0, gt=0)
+    backoff_initial_s: float = Field(0.5, ge=0)
+    backoff_max_s: float = Field(10.0, ge=0)
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KAME_", env_nested_delimiter="__", extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8998, ge=0, le=65535)
+    frontend: str | None = None  # None: SakanaAI/kame (GPU + hub expected)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    max_sessions: int | None = Field(None, ge=1, le=512)  # None: 4 on a CPU, 32 on a GPU
+    asr: Literal["whisper", "kyutai-stt", "none"] = "whisper"
+    asr_model: str | None = None
+    llm: str = "openai"  # the default backend profile of a session
+    llm_base_url: str | None = None  # with llm_model: an ad-hoc profile named "custom", made the default
+    llm_model: str | None = None
+    llm_api_key_env: str = "OPENAI_API_KEY"
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    profiles: dict[str, ProfileSettings] = Field(default_factory=dict)  # added to / replacing the built-ins
+    planner: PlannerSettings = Field(default_factory=PlannerSettings)
+    batch_window_ms: float = Field(20.0, ge=0, le=80)  # how long a ready session waits for the others
+    max_pending_frames: int = Field(25, ge=1)  # input frames buffered per session (oldest dropped)
+    send_queue_messages: int = Field(64, ge=4)  # output messages buffered per session (oldest audio dropped)
+    max_message_bytes: int = Field(1 << 20, ge=1024)
+    stats_interval_s: float = Field(1.0, gt=0)  # how often a session gets a stats event
+
+    @model_validator(mode="after")
+    def _check_llm(self) -> ServerSettings:
+        if (self.llm_base_url is None) != (self.llm_model is None) and self.llm_model is None:
+            raise ValueError("llm_base_url needs llm_model too")
+        if self.llm_model is None and self.llm not in self.all_profiles():
+            raise ValueError(f"llm: unknown backend profile {self.llm!r}; known: {', '.join(self.all_profiles())}")
+        return self
+
+    def all_profiles(self) -> dict[str, BackendProfile]:
+        profiles = dict(DEFAULT_PROFILES)
+        for name, p in self.profiles.items():
+            profiles[name] = BackendProfile(name, **p.model_dump())
+        if self.llm_model is not None:
+            profiles["custom"] = BackendProfile("custom", self.llm_base_url, self.llm_model, self.llm_api_key_env)
+        return profiles
+
+    @property
+    def default_profile(self) -> str:
+        return "custom" if self.llm_model is not None else self.llm
+
+    def planner_config(self) -> PlannerConfig:
+        return PlannerConfig(system_prompt=self.system_prompt, **self.planner.model_dump())
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, _TomlSource(settings_cls)
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    """The config file named by `load_settings` (lowest priority after the defaults)."""
+
+    data: dict = {}
+
+    def get_field_value(self, field, field_name):  # pragma: no cover - __call__ is used instead
+        return self.data.get(field_name), field_name, False
+
+    def __call__(self) -> dict:
+        return dict(_TomlSource.data)
+
+
+def read_config_file(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise SettingsError(f"config file {path} does not exist") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"config file {path} is not valid TOML: {exc}") from exc
+
+
+def load_settings(config_file: str | Path | None = None, **cli: object) -> ServerSettings:
+    """Build the settings once: defaults < `config_file` < KAME_* env < `cli` (None values ignored)."""
+    _TomlSource.data = read_config_file(config_file) if config_file else {}
+    try:
+        return ServerSettings(**{k: v for k, v in cli.items() if v is not None})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+        key = ".".join(str(p) for p in error.get("loc", ()))
+        if not key:  # a check across keys: its message names them
+            raise SettingsError(f"settings: {message}") from exc
+        raise SettingsError(f"setting {key}: {message} (got {error.get('input')!r})") from exc
+    finally:
+        _TomlSource.data = {}

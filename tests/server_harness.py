@@ -1,0 +1,74 @@
+"""Run the real server (uvicorn on loopback) in a thread, and stream audio to it like a user."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import uvicorn
+
+from client.client import AudioMessage, EventMessage, KameClient, TextMessage
+from server.app import create_app
+from server.services import Services
+from server.settings import load_settings
+
+
+@contextmanager
+def running_server(**settings_kw):
+    settings = load_settings(None, **({"frontend": "tiny-copy", "device": "cpu", "port": 0} | settings_kw))
+    services = Services.start(settings)
+    app = create_app(settings, services)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+                                           ws="websockets", lifespan="on"))
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"ws://127.0.0.1:{port}", services
+    finally:
+        server.should_exit = True
+        thread.join(15)
+        asyncio.run(services.aclose())
+
+
+class Recording:
+    """Everything a client received, with its arrival times."""
+
+    def __init__(self) -> None:
+        self.audio: list[AudioMessage] = []
+        self.text: list[TextMessage] = []
+        self.events: list[EventMessage] = []
+
+    @property
+    def text_stream(self) -> str:
+        return "".join(m.text for m in self.text)
+
+    def of(self, kind: str) -> list:
+        return [m.event for m in self.events if m.event.type == kind]
+
+
+async def record(client: KameClient, into: Recording) -> None:
+    async for message in client:
+        if isinstance(message, AudioMessage):
+            into.audio.append(message)
+        elif isinstance(message, TextMessage):
+            into.text.append(message)
+        elif isinstance(message, EventMessage):
+            into.events.append(message)
+
+
+async def stream_realtime(client: KameClient, pcm: np.ndarray, chunk: int = 1920) -> tuple[float, float]:
+    """Send `pcm` in 80 ms chunks at real-time pace (absolute schedule, no drift); (start, end) times."""
+    start = time.monotonic()
+    for index in range(0, len(pcm), chunk):
+        await client.send_pcm(pcm[index:index + chunk])
+        delay = start + (index + chunk) / 24000 - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+    return start, time.monotonic()

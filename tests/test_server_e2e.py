@@ -1,0 +1,186 @@
+"""The real server on loopback: tiny-copy front-end, real Whisper, a scripted OpenAI-compatible LLM."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import numpy as np
+import pytest
+
+from client.client import KameClient, ServerBusy
+from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
+from kame.testing.speech import speech
+from server.settings import ProfileSettings
+
+from .server_harness import Recording, record, running_server, stream_realtime
+
+QUESTIONS = {
+    "france": ("What is the capital of France, and why is it famous?", "Paris is the capital of France"),
+    "spider": ("How many legs does a spider have?", "Spiders have eight legs"),
+    "sky": ("Why is the sky blue during the day?", "Sunlight scatters off the air"),
+    "hamlet": ("Who wrote the play called Hamlet?", "William Shakespeare wrote it"),
+}
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z']+", text.lower())
+
+
+def scripted_answer(body: dict) -> ScriptedReply:
+    last_line = body["messages"][-1]["content"].split("\n")[-1].lower()
+    for key, (_, answer) in QUESTIONS.items():
+        if key in last_line or (key == "spider" and "legs" in last_line):
+            return ScriptedReply(text=answer + ".")
+    return ScriptedReply(text="Let me think.")
+
+
+@pytest.fixture(scope="module")
+def llm():
+    server = ScriptedOpenAIServer(scripted_answer)
+    server.start_in_thread()
+    yield server
+    server.stop_thread()
+
+
+@pytest.fixture(scope="module")
+def server(llm):
+    profiles = {"scripted": ProfileSettings(base_url=llm.base_url, model="scripted", api_key_env=None)}
+    with running_server(asr="whisper", max_sessions=4, profiles=profiles, llm="scripted") as (url, services):
+        yield url, services
+
+
+@pytest.fixture(scope="module")
+def voices(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("tts")
+    return {key: speech(question, cache) for key, (question, _) in QUESTIONS.items()}
+
+
+def with_silence(pcm: np.ndarray, before_s: float = 0.3, after_s: float = 4.0) -> np.ndarray:
+    return np.concatenate([np.zeros(int(before_s * 24000), np.float32), pcm,
+                           np.zeros(int(after_s * 24000), np.float32)])
+
+
+async def talk(url: str, pcm: np.ndarray, after_s: float = 4.0) -> tuple[Recording, float, float]:
+    client = await KameClient.connect(url + "/api/chat")
+    got = Recording()
+    receiver = asyncio.create_task(record(client, got))
+    speech_end = None
+    start, end = await stream_realtime(client, with_silence(pcm, after_s=after_s))
+    speech_end = start + 0.3 + len(pcm) / 24000
+    await asyncio.sleep(0.5)
+    await client.close()
+    await receiver
+    return got, speech_end, end - start
+
+
+def test_spoken_question_end_to_end(server, llm, voices):
+    url, services = server
+    llm.requests.clear()
+    llm.received_at.clear()
+    pcm = voices["france"]
+    got, speech_end, sent_s = asyncio.run(talk(url, pcm))
+
+    # the LLM was asked with a *partial* transcript before the question ended
+    question = words(QUESTIONS["france"][0])
+    early = [(body, at) for body, at in zip(llm.requests, llm.received_at, strict=True) if at < speech_end]
+    assert early, "no LLM request before the end of the question"
+    partial = words(early[0][0]["messages"][-1]["content"].split("\n")[-1].removeprefix("user:"))
+    assert 0 < len(partial) < len(question) and partial[:-1] == question[: len(partial) - 1]
+    assert question[len(partial) - 1].startswith(partial[-1])  # the last word may be cut ("cap...")
+
+    # the front-end's text stream (kind 2) speaks the scripted answer
+    assert "Paris is the capital of France" in got.text_stream
+
+    # audio comes back at 12.5 frames per second, one frame out per frame in
+    samples = sum(len(m.pcm) for m in got.audio)
+    assert abs(samples - sent_s * 24000) <= 3 * 1920
+    first, last = got.audio[0].received_s, got.audio[-1].received_s
+    assert 11.0 < (samples / 1920 - 1) / (last - first) < 14.0
+
+    # JSON events arrive in order
+    types = [m.event.type for m in got.events]
+    assert types[0] == "ready"
+    transcripts = got.of("transcript")
+    assert not transcripts[0].final and transcripts[-1].final
+    assert words(transcripts[-1].text) == question
+    assert all(a.end_s <= b.end_s for a, b in zip(transcripts, transcripts[1:], strict=False))
+    llm_events = got.of("llm")
+    for epoch in {e.epoch for e in llm_events}:
+        phases = [e.phase for e in llm_events if e.epoch == epoch]
+        assert phases[0] == "started"
+        assert phases[-1] in ("done", "cancelled", "failed")
+        if "first_token" in phases:
+            assert phases.index("first_token") == 1
+    oracle = got.of("oracle")
+    assert oracle[0].op == "reset"
+    assert any(o.op == "reset" and o.text == "Paris" for o in oracle)  # once the partial named France
+    assert all(o.frame >= 0 for o in oracle)
+    stats = got.of("stats")
+    assert stats and stats[-1].frames_in > 80
+
+
+def test_four_sessions_each_hear_their_own_answer_and_a_fifth_is_refused(server, voices):
+    url, services = server
+
+    async def scenario():
+        conversations = [talk(url, voices[key], after_s=5.0) for key in QUESTIONS]
+        tasks = [asyncio.create_task(c) for c in conversations]
+        await asyncio.sleep(1.0)  # all four are connected and streaming
+        with pytest.raises(ServerBusy):
+            await KameClient.connect(url + "/api/chat")
+        return await asyncio.gather(*tasks)
+
+    results = asyncio.run(scenario())
+    for (key, (_, answer)), (got, _, _) in zip(QUESTIONS.items(), results, strict=True):
+        assert answer in got.text_stream, f"{key}: {got.text_stream!r}"
+        others = [a for k, (_, a) in QUESTIONS.items() if k != key]
+        assert not any(other in got.text_stream for other in others)
+    assert services.metrics.sessions_refused._value.get() >= 1
+
+
+def test_moshi_protocol_client_without_extensions_gets_only_moshi_messages(server, voices):
+    url, _ = server
+
+    async def scenario():
+        client = await KameClient.connect(url + "/api/chat", events=False)
+        got = Recording()
+        receiver = asyncio.create_task(record(client, got))
+        await stream_realtime(client, np.zeros(24000, np.float32))
+        await client.close()
+        await receiver
+        return got
+
+    got = asyncio.run(scenario())
+    assert got.audio and not got.events
+
+
+def test_disconnect_frees_the_slot(tiny_copy):
+    with running_server(asr="none", max_sessions=1) as (url, services):
+        async def scenario():
+            first = await KameClient.connect(url + "/api/chat")
+            await stream_realtime(first, np.zeros(12000, np.float32))
+            first.ws.transport.abort()  # no closing handshake: the client just vanishes
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    second = await KameClient.connect(url + "/api/chat")
+                    break
+                except ServerBusy:
+                    assert time.monotonic() < deadline, "the slot was not freed"
+                    await asyncio.sleep(0.1)
+            got = Recording()
+            receiver = asyncio.create_task(record(second, got))
+            await stream_realtime(second, np.zeros(9600, np.float32))
+            await asyncio.sleep(0.3)
+            await second.close()
+            await receiver
+            return got
+
+        got = asyncio.run(scenario())
+        assert sum(len(m.pcm) for m in got.audio) >= 3 * 1920
+        deadline = time.monotonic() + 5
+        while services.runner.free_slots != 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert services.runner.free_slots == 1

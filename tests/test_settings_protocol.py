@@ -1,0 +1,124 @@
+"""Settings precedence and validation; the wire protocol's parsers never crash on any input."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kame.protocol import (
+    ConfigureMessage,
+    Kind,
+    OracleEvent,
+    ProtocolError,
+    decode,
+    encode,
+    encode_client_message,
+    encode_event,
+    parse_client_message,
+    parse_event,
+)
+from server.settings import ServerSettings, SettingsError, load_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_default_toml_documents_every_key_with_its_default():
+    data = tomllib.loads((ROOT / "configs" / "default.toml").read_text())
+    text = (ROOT / "configs" / "default.toml").read_text()
+    defaults = ServerSettings()
+    for key in ServerSettings.model_fields:
+        assert key in text, f"configs/default.toml does not mention {key}"
+        if key in data and not isinstance(data[key], dict):
+            assert data[key] == getattr(defaults, key), key
+    assert data["planner"] == defaults.planner.model_dump()
+    assert load_settings(ROOT / "configs" / "default.toml") == defaults
+
+
+def test_precedence_defaults_file_env_cli(tmp_path, monkeypatch):
+    config = tmp_path / "c.toml"
+    config.write_text('port = 9001\nasr = "none"\n[planner]\nmin_new_words = 3\n')
+    assert load_settings(config).port == 9001
+    monkeypatch.setenv("KAME_PORT", "9002")
+    monkeypatch.setenv("KAME_PLANNER__MAX_RESTARTS", "7")
+    loaded = load_settings(config)
+    assert (loaded.port, loaded.asr, loaded.planner.min_new_words, loaded.planner.max_restarts) == (9002, "none", 3, 7)
+    assert load_settings(config, port=9003).port == 9003
+
+
+@pytest.mark.parametrize(
+    ("content", "cli", "message"),
+    [
+        ("port = -1\n", {}, "setting port"),
+        ('asr = "vosk"\n', {}, "setting asr"),
+        ("bogus = 1\n", {}, "setting bogus"),
+        ("[planner]\nmin_new_words = 0\n", {}, "setting planner.min_new_words"),
+        ("", {"llm": "nope"}, "unknown backend profile 'nope'"),
+        ("port = \n", {}, "not valid TOML"),
+        ('[profiles.x]\nmodel = "m"\ntemperature = 9\n', {}, "setting profiles.x.temperature"),
+    ],
+)
+def test_bad_settings_name_the_key(tmp_path, content, cli, message):
+    config = tmp_path / "c.toml"
+    config.write_text(content)
+    with pytest.raises(SettingsError, match=message):
+        load_settings(config, **cli)
+
+
+def test_missing_config_file():
+    with pytest.raises(SettingsError, match="does not exist"):
+        load_settings("/nonexistent/kame.toml")
+
+
+def test_custom_profile_from_cli_becomes_the_default():
+    loaded = load_settings(None, llm_base_url="http://127.0.0.1:1/v1", llm_model="m", llm_api_key_env="MY_KEY")
+    assert loaded.default_profile == "custom"
+    assert loaded.all_profiles()["custom"].api_key_env == "MY_KEY"
+
+
+@given(st.binary(max_size=64))
+def test_decode_never_crashes(data):
+    try:
+        kind, payload = decode(data)
+    except ProtocolError:
+        assert not data or data[0] not in {k.value for k in Kind}
+    else:
+        assert encode(kind, payload) == data
+
+
+@given(st.one_of(st.binary(max_size=200), st.text(max_size=200).map(str.encode),
+                 st.dictionaries(st.text(max_size=10), st.one_of(st.none(), st.integers(), st.text(max_size=20)),
+                                 max_size=4).map(lambda d: json.dumps(d).encode())))
+@settings(max_examples=300)
+def test_client_message_parser_only_raises_protocol_errors(payload):
+    try:
+        message = parse_client_message(payload)
+    except ProtocolError:
+        return
+    assert isinstance(message, ConfigureMessage)
+
+
+@given(st.text(max_size=50), st.one_of(st.none(), st.text(max_size=30)))
+def test_configure_round_trip(prompt, backend):
+    message = ConfigureMessage(backend=backend, system_prompt=prompt)
+    kind, payload = decode(encode_client_message(message))
+    assert kind is Kind.CLIENT_JSON and parse_client_message(payload) == message
+
+
+@given(st.binary(max_size=200))
+def test_event_parser_only_raises_protocol_errors(payload):
+    try:
+        event = parse_event(payload)
+    except ProtocolError:
+        return
+    assert parse_event(event.model_dump_json(exclude_none=True).encode()) == event
+
+
+def test_event_round_trip():
+    event = OracleEvent(op="reset", epoch=3, text="Paris", tokens=2, frame=17)
+    kind, payload = decode(encode_event(event))
+    assert kind is Kind.EVENT and parse_event(payload) == event
