@@ -8,7 +8,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI, WebSocket
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from kame.errors import EngineError
@@ -52,16 +53,16 @@ def create_app(settings: ServerSettings, services: Services | None = None) -> Fa
             return PlainTextResponse("loading\n", status_code=503)
         return Response(current.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/")
-    async def index() -> Response:
-        page = WEB_ROOT / "index.html"
-        if not page.is_file():
-            return PlainTextResponse("KAME server: connect a websocket client to /api/chat\n")
-        return FileResponse(page)
-
     @app.websocket("/api/chat")
     async def chat(ws: WebSocket) -> None:
         await run_session(ws, app.state.services)
+
+    if (WEB_ROOT / "index.html").is_file():  # the browser page, after the routes above
+        app.mount("/", StaticFiles(directory=WEB_ROOT, html=True), name="web")
+    else:
+        @app.get("/")
+        async def index() -> Response:
+            return PlainTextResponse("KAME server: connect a websocket client to /api/chat\n")
 
     return app
 

@@ -18,7 +18,8 @@ from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
-from starlette.websockets import WebSocket
+from starlette.websockets import WebSocket, WebSocketDisconnect
+from websockets.exceptions import ConnectionClosed
 
 from kame.asr.events import AsrFailure, FinalTranscript, PartialTranscript
 from kame.backend.planner import (
@@ -124,7 +125,7 @@ class Session:
                                self._on_planner_event, self.settings.planner_config())
         logger.info("session %s started (slot %d, backend %s)", self.id, handle.slot, self.backend)
         try:
-            await self.ws.send_bytes(encode(Kind.HANDSHAKE))
+            await self._send_now(encode(Kind.HANDSHAKE))
             self._event(ReadyEvent(
                 session_id=self.id, frontend=services.frontend.source, asr=services.asr.name, backend=self.backend,
                 backends=list(services.profiles), system_prompt=self.planner.system_prompt, audio=self.options.audio))
@@ -140,6 +141,9 @@ class Session:
         except* _EngineFailed:
             logger.error("session %s ended: the engine failed on its slot", self.id)
             await self._close(1011, "engine failure")
+        except* Exception:  # a bug must end this session only, with a trace in the log
+            logger.exception("session %s failed", self.id)
+            await self._close(1011, "internal error")
         finally:
             handle.release()
             await asr_stream.aclose()
@@ -156,7 +160,10 @@ class Session:
 
     async def _receive(self, asr_stream) -> None:
         while True:
-            message = await self.ws.receive()
+            try:
+                message = await self.ws.receive()
+            except (RuntimeError, OSError, WebSocketDisconnect, ConnectionClosed) as exc:
+                raise _Disconnected from exc
             if message["type"] == "websocket.disconnect":
                 raise _Disconnected
             data = message.get("bytes")
@@ -269,11 +276,13 @@ class Session:
 
     async def _sender(self) -> None:
         while True:
-            message = await self._send.get()
-            try:
-                await self.ws.send_bytes(message)
-            except (RuntimeError, OSError) as exc:
-                raise _Disconnected from exc
+            await self._send_now(await self._send.get())
+
+    async def _send_now(self, message: bytes) -> None:
+        try:
+            await self.ws.send_bytes(message)
+        except (RuntimeError, OSError, WebSocketDisconnect, ConnectionClosed) as exc:
+            raise _Disconnected from exc
 
     async def _stats(self) -> None:
         while True:

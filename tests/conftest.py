@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from kame.frontend.loader import Frontend, load_frontend
+from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
 
 
 @pytest.fixture(scope="session")
@@ -25,3 +28,54 @@ def rng() -> np.random.Generator:
 
 def noise_frames(rng: np.random.Generator, count: int, scale: float = 0.1) -> list[np.ndarray]:
     return [(rng.standard_normal(1920) * scale).astype(np.float32) for _ in range(count)]
+
+
+# ------------------------------------------------------------------ a running tandem server
+
+QUESTIONS = {
+    "france": ("What is the capital of France, and why is it famous?", "Paris is the capital of France"),
+    "spider": ("How many legs does a spider have?", "Spiders have eight legs"),
+    "sky": ("Why is the sky blue during the day?", "Sunlight scatters off the air"),
+    "hamlet": ("Who wrote the play called Hamlet?", "William Shakespeare wrote it"),
+}
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z']+", text.lower())
+
+
+def scripted_answer(body: dict) -> ScriptedReply:
+    """The scripted LLM answers by topic, from the newest line of the transcript it is sent."""
+    last_line = body["messages"][-1]["content"].split("\n")[-1].lower()
+    for key, (_, answer) in QUESTIONS.items():
+        if key in last_line or (key == "spider" and "legs" in last_line):
+            return ScriptedReply(text=answer + ".")
+    return ScriptedReply(text="Let me think.")
+
+
+@pytest.fixture(scope="session")
+def scripted_llm():
+    server = ScriptedOpenAIServer(scripted_answer)
+    server.start_in_thread()
+    yield server
+    server.stop_thread()
+
+
+@pytest.fixture(scope="session")
+def tandem_server(scripted_llm):
+    """The real server on loopback: tiny-copy, Whisper tiny.en, the scripted LLM, 4 slots."""
+    from server.settings import ProfileSettings
+
+    from .server_harness import running_server
+
+    profiles = {"scripted": ProfileSettings(base_url=scripted_llm.base_url, model="scripted", api_key_env=None)}
+    with running_server(asr="whisper", max_sessions=4, profiles=profiles, llm="scripted") as (url, services):
+        yield url, services
+
+
+@pytest.fixture(scope="session")
+def voices(tmp_path_factory):
+    from kame.testing.speech import speech
+
+    cache = tmp_path_factory.mktemp("tts")
+    return {key: speech(question, cache) for key, (question, _) in QUESTIONS.items()}

@@ -1,0 +1,92 @@
+"""`kame client` (stream a file, record the answer) and `kame talk` (microphone and speakers)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+DEFAULT_URL = "ws://127.0.0.1:8998/api/chat"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    client = sub.add_parser("client", help="stream an audio file to a server and record what it answers")
+    client.add_argument("--url", default=DEFAULT_URL, help=f"server websocket URL (default {DEFAULT_URL})")
+    client.add_argument("--input", required=True, help="audio file to speak (any rate; resampled to 24 kHz)")
+    client.add_argument("--output", required=True, help="WAV file for the assistant's audio")
+    pace = client.add_mutually_exclusive_group()
+    pace.add_argument("--realtime", dest="realtime", action="store_true", default=True,
+                      help="send at real-time pace, as a user speaks (default)")
+    pace.add_argument("--fast", dest="realtime", action="store_false",
+                      help="send as fast as the server answers (offline servers)")
+    client.add_argument("--tail", type=float, default=3.0, help="seconds of silence after the input (default 3)")
+    client.add_argument("--backend", default=None, help="LLM backend profile for this session")
+    client.add_argument("--system-prompt", default=None)
+    client.add_argument("--json", action="store_true", help="one JSON line per message, with times")
+    client.set_defaults(func=run_client)
+
+    talk = sub.add_parser("talk", help="talk to a server with the microphone and speakers")
+    talk.add_argument("--url", default=DEFAULT_URL)
+    talk.add_argument("--device", default=None, help="sounddevice device index or name (both directions)")
+    talk.add_argument("--list-devices", action="store_true", help="list audio devices and exit")
+    talk.add_argument("--backend", default=None)
+    talk.set_defaults(func=run_talk)
+
+
+def _printer(as_json: bool):
+    def show(item: tuple[float, str, object]) -> None:
+        t, kind, value = item
+        if as_json:
+            print(json.dumps({"t": round(t, 3), "type": kind, kind: value}), flush=True)
+        elif kind == "event":
+            line = describe_event(value)
+            if line:
+                print(f"[{t:7.2f}] {line}", flush=True)
+        elif kind == "error":
+            print(f"[{t:7.2f}] error: {value}", flush=True)
+    return show
+
+
+def describe_event(event: dict) -> str | None:
+    kind = event.get("type")
+    if kind == "transcript":
+        return f"user ({'final' if event['final'] else 'partial'}): {event['text']}"
+    if kind == "oracle":
+        return f"oracle {event['op']} (epoch {event['epoch']}, frame {event['frame']}): {event['text']}"
+    if kind == "llm" and event["phase"] in ("started", "failed"):
+        detail = event.get("error") or event.get("user_text", "")
+        return f"llm {event['phase']} (epoch {event['epoch']}, {event['backend']}): {detail}"
+    if kind in ("error", "asr", "backend"):
+        return f"{kind}: {event.get('message') or event.get('name')}"
+    return None
+
+
+def run_client(args: argparse.Namespace) -> int:
+    from client.conversation import converse
+    from kame.audio import read_audio, write_wav
+
+    pcm = read_audio(args.input)
+    conv = asyncio.run(converse(args.url, pcm, realtime=args.realtime, tail_s=args.tail, backend=args.backend,
+                                system_prompt=args.system_prompt, on_item=_printer(args.json)))
+    write_wav(args.output, conv.assistant_audio)
+    summary = {"assistant_text": conv.assistant_text, "frames_sent": conv.frames_sent,
+               "audio_s": round(len(conv.assistant_audio) / 24000, 3), "output": args.output}
+    if args.json:
+        print(json.dumps({"type": "summary", **summary}))
+    else:
+        print(f"assistant: {conv.assistant_text}")
+        print(f"wrote {summary['audio_s']} s of assistant audio to {args.output}", file=sys.stderr)
+    return 0
+
+
+def run_talk(args: argparse.Namespace) -> int:
+    from client.talk import list_devices, talk
+
+    if args.list_devices:
+        print(list_devices())
+        return 0
+    try:
+        return asyncio.run(talk(args.url, args.device, args.backend))
+    except KeyboardInterrupt:  # Ctrl-C: the session was closed on the way out
+        return 0

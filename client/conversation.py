@@ -1,0 +1,110 @@
+"""Stream an audio file to the server as a user would speak it, and record everything it sends."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from client.client import AudioMessage, ErrorMessage, EventMessage, KameClient, ServerMessage, TextMessage
+
+FRAME = 1920
+RATE = 24000
+
+
+@dataclass
+class Conversation:
+    """What a session produced, with times in seconds since the first frame was sent."""
+
+    started: float = 0.0
+    audio: list[np.ndarray] = field(default_factory=list)
+    text: list[tuple[float, str]] = field(default_factory=list)
+    events: list[tuple[float, dict]] = field(default_factory=list)
+    errors: list[tuple[float, str]] = field(default_factory=list)
+    frames_sent: int = 0
+    input_end_s: float = 0.0  # when the last frame of the input file (before the tail) was sent
+
+    @property
+    def assistant_audio(self) -> np.ndarray:
+        return np.concatenate(self.audio) if self.audio else np.zeros(0, dtype=np.float32)
+
+    @property
+    def assistant_text(self) -> str:
+        return "".join(t for _, t in self.text).strip()
+
+    def events_of(self, kind: str) -> list[dict]:
+        return [e for _, e in self.events if e.get("type") == kind]
+
+    def add(self, message: ServerMessage) -> tuple[float, str, object] | None:
+        t = message.received_s - self.started
+        if isinstance(message, AudioMessage):
+            self.audio.append(message.pcm)
+            return None
+        if isinstance(message, TextMessage):
+            self.text.append((t, message.text))
+            return t, "text", message.text
+        if isinstance(message, EventMessage):
+            event = message.event.model_dump(exclude_none=True)
+            self.events.append((t, event))
+            return t, "event", event
+        if isinstance(message, ErrorMessage):
+            self.errors.append((t, message.text))
+            return t, "error", message.text
+        return None
+
+
+async def converse(
+    url: str,
+    pcm: np.ndarray,
+    realtime: bool = True,
+    tail_s: float = 3.0,
+    backend: str | None = None,
+    system_prompt: str | None = None,
+    on_item: Callable[[tuple[float, str, object]], None] | None = None,
+    max_ahead_frames: int = 6,
+) -> Conversation:
+    """Send `pcm` (24 kHz) then `tail_s` of silence; real-time pace, or as fast as the server
+    answers (`realtime=False`: at most `max_ahead_frames` frames ahead of the audio received)."""
+    client = await KameClient.connect(url, events=True, backend=backend)
+    if system_prompt is not None:
+        await client.configure(system_prompt=system_prompt)
+    conv = Conversation(started=time.monotonic())
+    received = asyncio.Event()
+
+    async def receive() -> None:
+        async for message in client:
+            item = conv.add(message)
+            if item is not None and on_item is not None:
+                on_item(item)
+            received.set()
+
+    receiver = asyncio.create_task(receive(), name="client-receive")
+    samples = np.concatenate([pcm, np.zeros(int(tail_s * RATE), dtype=np.float32)])
+    frames = -(-len(samples) // FRAME)
+    input_frames = -(-len(pcm) // FRAME)
+    for index in range(frames):
+        if realtime:
+            delay = conv.started + index * FRAME / RATE - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        else:
+            while index - sum(len(a) for a in conv.audio) // FRAME >= max_ahead_frames and not receiver.done():
+                received.clear()
+                await received.wait()
+        await client.send_pcm(samples[index * FRAME:(index + 1) * FRAME])
+        conv.frames_sent += 1
+        if index + 1 == input_frames:
+            conv.input_end_s = time.monotonic() - conv.started
+    deadline = time.monotonic() + 5.0
+    while sum(len(a) for a in conv.audio) < frames * FRAME - FRAME and time.monotonic() < deadline:
+        received.clear()
+        try:
+            await asyncio.wait_for(received.wait(), deadline - time.monotonic())
+        except TimeoutError:
+            break
+    await client.close()
+    await receiver
+    return conv

@@ -1,0 +1,60 @@
+"""`kame client` against the running tandem server; `kame talk` without an audio device."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import sphn
+
+from kame.audio import write_wav
+from kame.cli import main
+
+from .conftest import QUESTIONS, words
+
+
+def test_client_streams_a_file_and_records_the_answer(tandem_server, voices, tmp_path, capsys):
+    url, _ = tandem_server
+    question = tmp_path / "question.wav"
+    write_wav(question, voices["france"])
+    out = tmp_path / "answer.wav"
+    assert main(["client", "--url", url + "/api/chat", "--input", str(question), "--output", str(out),
+                 "--tail", "3", "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    summary = lines[-1]
+    assert summary["type"] == "summary" and "Paris is the capital of France" in summary["assistant_text"]
+    events = [line["event"] for line in lines if line["type"] == "event"]
+    finals = [e for e in events if e["type"] == "transcript" and e["final"]]
+    assert finals and words(finals[-1]["text"]) == words(QUESTIONS["france"][0])
+    assert any(e["type"] == "oracle" for e in events)
+    times = [line["t"] for line in lines if "t" in line]
+    assert times == sorted(times)
+    audio, rate = sphn.read(str(out))
+    expected_s = len(voices["france"]) / 24000 + 3
+    assert rate == 24000 and abs(audio.shape[1] / 24000 - expected_s) < 0.25
+
+
+def test_client_fast_mode_runs_faster_than_real_time(tandem_server, voices, tmp_path, capsys):
+    url, _ = tandem_server
+    question = tmp_path / "q.wav"
+    write_wav(question, voices["spider"])
+    started = time.monotonic()
+    assert main(["client", "--url", url + "/api/chat", "--input", str(question), "--output",
+                 str(tmp_path / "a.wav"), "--fast", "--tail", "4"]) == 0
+    elapsed = time.monotonic() - started
+    out = capsys.readouterr().out
+    assert "user (final)" in out and "assistant:" in out
+    assert elapsed < len(voices["spider"]) / 24000 + 4
+
+
+def test_client_reports_a_missing_input(tmp_path, capsys):
+    assert main(["client", "--input", str(tmp_path / "none.wav"), "--output", str(tmp_path / "o.wav")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_talk_without_an_audio_device_is_a_clear_message(capsys):
+    code = main(["talk", "--url", "ws://127.0.0.1:1/api/chat"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("kame: error:")
+    assert "PortAudio" in err or "microphone" in err
+    assert "Traceback" not in err
