@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import warnings
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,17 @@ def run_serve(args: argparse.Namespace) -> int:
                                 log_level="info", ws="websockets", lifespan="on",
                                 ws_max_size=settings.max_message_bytes + 1024)
         server = uvicorn.Server(config)
-        server.run()
+        # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal: let both end
+        # here as a KeyboardInterrupt, so that the models are released and the exit code is 0
+        signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            server.run()
+        except KeyboardInterrupt:
+            logger.info("stopped by a signal")
         return 0 if server.started else 1
     finally:
         asyncio.run(services.aclose())
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt

@@ -10,11 +10,12 @@ import numpy as np
 import torch
 
 from kame.asr import AsrEngine, build_asr
-from kame.backend.llm import LLMClient, OpenAICompatibleLLM
+from kame.backend import make_llm
+from kame.backend.llm import LLMClient
 from kame.backend.profiles import BackendProfile
 from kame.errors import FrontendLoadError
 from kame.frontend.engine import FRAME_SIZE, BatchedEngine
-from kame.frontend.loader import DEFAULT_SOURCE, Frontend, load_frontend, resolve_device
+from kame.frontend.loader import Frontend, load_frontend, resolve_device
 from kame.frontend.runner import EngineRunner
 from server.metrics import Metrics
 from server.settings import ServerSettings
@@ -40,7 +41,11 @@ class Services:
         """Load and warm every model (blocking: run it off the event loop); one log line per stage."""
         metrics = metrics or Metrics()
         device = resolve_device(settings.device)
-        source = settings.frontend or DEFAULT_SOURCE
+        cuda = device.type == "cuda"
+        source = settings.resolved_frontend(cuda)
+        if settings.frontend is None:
+            logger.info("no --frontend given: %s (%s)", source, "a GPU is present" if cuda else
+                        "no GPU: the offline demo; real weights: --frontend SakanaAI/kame --device cuda")
         logger.info("[1/4] loading front-end %s on %s", source, device)
         try:
             frontend = load_frontend(source, device)
@@ -56,16 +61,23 @@ class Services:
         runner = EngineRunner(engine, settings.batch_window_ms / 1000, settings.max_pending_frames,
                               on_step=metrics.on_step).start()
         _warm_up(runner)
-        logger.info("[3/4] loading ASR %s", settings.asr)
-        asr = build_asr(settings.asr, settings.asr_model, settings.device, max_sessions=sessions)
+        asr_name = settings.resolved_asr(cuda)
+        logger.info("[3/4] loading ASR %s", asr_name)
+        asr = build_asr(asr_name, settings.asr_model, settings.device, max_sessions=sessions)
         profiles = settings.all_profiles()
-        logger.info("[4/4] LLM backend profiles: %s (default %s)", ", ".join(profiles), settings.default_profile)
+        default, why = settings.default_profile_and_reason()
+        logger.info("[4/4] LLM backend profiles: %s; default %s (%s)", ", ".join(profiles), default, why)
+        services = cls(settings, frontend, engine, runner, asr, profiles, metrics)
+        if profiles[default].kind == "embedded":
+            started = time.perf_counter()
+            services.llm(default).wait_ready()
+            logger.info("embedded LLM loaded in %.1f s", time.perf_counter() - started)
         metrics.free_slots.set(engine.free_slots)
-        return cls(settings, frontend, engine, runner, asr, profiles, metrics)
+        return services
 
     def llm(self, name: str) -> LLMClient:
         if name not in self._llms:
-            self._llms[name] = OpenAICompatibleLLM(self.profiles[name])
+            self._llms[name] = make_llm(self.profiles[name])
         return self._llms[name]
 
     def health(self) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -30,6 +31,7 @@ class ProfileSettings(BaseModel):
     token_timeout_s: float = Field(3.0, gt=0)
     max_tokens: int = Field(120, gt=0)
     temperature: float = Field(0.3, ge=0, le=2)
+    kind: Literal["openai", "embedded"] = "openai"  # embedded: `model` is a .gguf file or model directory
 
 
 class PlannerSettings(BaseModel):
@@ -47,12 +49,12 @@ class ServerSettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(8998, ge=0, le=65535)
-    frontend: str | None = None  # None: SakanaAI/kame (GPU + hub expected)
+    frontend: str | None = None  # None: SakanaAI/kame with a GPU, else the offline demo tiny-copy
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_sessions: int | None = Field(None, ge=1, le=512)  # None: 4 on a CPU, 32 on a GPU
-    asr: Literal["whisper", "kyutai-stt", "none"] = "whisper"
+    asr: Literal["whisper", "kyutai-stt", "none"] | None = None  # None: kyutai-stt with a GPU, else whisper
     asr_model: str | None = None
-    llm: str = "openai"  # the default backend profile of a session
+    llm: str | None = None  # a session's default backend profile; None: openai if OPENAI_API_KEY is set, else embedded
     llm_base_url: str | None = None  # with llm_model: an ad-hoc profile named "custom", made the default
     llm_model: str | None = None
     llm_api_key_env: str = "OPENAI_API_KEY"
@@ -69,7 +71,7 @@ class ServerSettings(BaseSettings):
     def _check_llm(self) -> ServerSettings:
         if (self.llm_base_url is None) != (self.llm_model is None) and self.llm_model is None:
             raise ValueError("llm_base_url needs llm_model too")
-        if self.llm_model is None and self.llm not in self.all_profiles():
+        if self.llm_model is None and self.llm is not None and self.llm not in self.all_profiles():
             raise ValueError(f"llm: unknown backend profile {self.llm!r}; known: {', '.join(self.all_profiles())}")
         return self
 
@@ -83,7 +85,22 @@ class ServerSettings(BaseSettings):
 
     @property
     def default_profile(self) -> str:
-        return "custom" if self.llm_model is not None else self.llm
+        return self.default_profile_and_reason()[0]
+
+    def default_profile_and_reason(self) -> tuple[str, str]:
+        if self.llm_model is not None:
+            return "custom", "--llm-base-url/--llm-model were given"
+        if self.llm is not None:
+            return self.llm, "chosen in the settings"
+        if os.environ.get("OPENAI_API_KEY"):
+            return "openai", "OPENAI_API_KEY is set"
+        return "embedded", "no OPENAI_API_KEY: the small in-process model (a demo; set a key or --llm for real answers)"
+
+    def resolved_frontend(self, cuda: bool) -> str:
+        return self.frontend or ("SakanaAI/kame" if cuda else "tiny-copy")
+
+    def resolved_asr(self, cuda: bool) -> str:
+        return self.asr or ("kyutai-stt" if cuda else "whisper")
 
     def planner_config(self) -> PlannerConfig:
         return PlannerConfig(system_prompt=self.system_prompt, **self.planner.model_dump())

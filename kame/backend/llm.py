@@ -44,7 +44,7 @@ class LLMClient(Protocol):
 
 
 def api_key_for(profile: BackendProfile) -> str:
-    if profile.api_key_env is None:
+    if not profile.api_key_env:  # None or "": the endpoint takes no key
         return "not-needed"
     key = os.environ.get(profile.api_key_env, "")
     if not key:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -18,13 +19,15 @@ class BackendProfile:
     token_timeout_s: float = 3.0  # the longest silence allowed between two chunks
     max_tokens: int = 120  # a spoken answer of ~30 words needs far fewer
     temperature: float = 0.3
+    kind: Literal["openai", "embedded"] = "openai"  # embedded: `model` is run in-process (see embedded.py)
 
     def with_overrides(self, **changes) -> BackendProfile:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def public(self) -> dict:
         """What may be shown to clients and in logs: never the key, only the variable's name."""
-        return {"name": self.name, "base_url": self.base_url, "model": self.model, "api_key_env": self.api_key_env}
+        return {"name": self.name, "kind": self.kind, "base_url": self.base_url, "model": self.model,
+                "api_key_env": self.api_key_env}
 
 
 DEFAULT_PROFILES: dict[str, BackendProfile] = {
@@ -33,4 +36,7 @@ DEFAULT_PROFILES: dict[str, BackendProfile] = {
     "gemini": BackendProfile(
         "gemini", "https://generativelanguage.googleapis.com/v1beta/openai/", "gemini-2.5-flash", "GEMINI_API_KEY"),
     "local": BackendProfile("local", "http://127.0.0.1:8000/v1", "local-model", None),
+    # SmolLM2-135M-Instruct inside the server process: no key, no network; a demo, not a knowledge source
+    "embedded": BackendProfile("embedded", None, "bundled:smollm2-135m", None, first_token_timeout_s=15.0,
+                               token_timeout_s=5.0, max_tokens=60, temperature=0.0, kind="embedded"),
 }

