@@ -1,5 +1,7 @@
 # KAME server on a CUDA GPU. Build: docker build -t kame .
-# Run:   docker run --gpus all -p 8998:8998 -v kame-models:/models -e OPENAI_API_KEY kame
+# Run:   docker run --gpus all -p 8998:8998 -v kame-models:/models -e OPENAI_API_KEY \
+#            -e KAME_AUTH_TOKENS='["a-long-random-token"]' kame
+# It binds 0.0.0.0, so a token is required (docs/security.md).
 FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu22.04
 
 ENV DEBIAN_FRONTEND=noninteractive \

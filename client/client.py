@@ -110,7 +110,10 @@ class KameClient:
     async def __aiter__(self) -> AsyncIterator[ServerMessage]:
         try:
             async for raw in self.ws:
-                message = self._parse(raw)
+                try:
+                    message = self._parse(raw)
+                except ProtocolError as exc:  # one bad message must not end the conversation
+                    message = ErrorMessage(f"unreadable message from the server: {exc}", time.monotonic())
                 if message is not None:
                     yield message
         except ConnectionClosed:

@@ -7,20 +7,48 @@ import sphn
 
 from kame.protocol import FRAME_SIZE, SAMPLE_RATE, ProtocolError
 
+OGG_HEADER = 27  # bytes before a page's segment table
+
+
+def split_ogg_pages(data: bytes) -> tuple[list[bytes], bytes]:
+    """Whole Ogg pages in `data`, and the incomplete rest (to prepend to the next bytes)."""
+    pages, offset = [], 0
+    while offset < len(data):
+        if not (b"OggS".startswith(data[offset:offset + 4]) or data[offset:offset + 4] == b"OggS"):
+            raise ProtocolError("corrupt Ogg/Opus audio: no Ogg page where one should start")
+        if len(data) - offset < OGG_HEADER:
+            break
+        segments = data[offset + 26]
+        if len(data) - offset < OGG_HEADER + segments:
+            break
+        length = OGG_HEADER + segments + sum(data[offset + OGG_HEADER:offset + OGG_HEADER + segments])
+        if len(data) - offset < length:
+            break
+        pages.append(data[offset:offset + length])
+        offset += length
+    return pages, data[offset:]
+
 
 class OpusDecoder:
-    """Ogg/Opus bytes in, float32 PCM out. A corrupt stream raises ProtocolError and is reset."""
+    """Ogg/Opus bytes in, float32 PCM out. A corrupt stream raises ProtocolError and is reset.
+
+    Bytes go to the decoder one Ogg page at a time: sphn's reader fails on a single call that
+    would decode more than ~5 s, and a page may be split across messages.
+    """
 
     def __init__(self, sample_rate: int = SAMPLE_RATE) -> None:
         self.sample_rate = sample_rate
         self._reader = sphn.OpusStreamReader(sample_rate)
+        self._rest = b""
 
     def decode(self, data: bytes) -> np.ndarray:
         try:
-            return np.asarray(self._reader.append_bytes(data), dtype=np.float32)
-        except ValueError as exc:
-            self._reader = sphn.OpusStreamReader(self.sample_rate)  # start over at the next stream
+            pages, self._rest = split_ogg_pages(self._rest + data)
+            pcm = [np.asarray(self._reader.append_bytes(page), dtype=np.float32) for page in pages]
+        except (ValueError, ProtocolError) as exc:
+            self._reader, self._rest = sphn.OpusStreamReader(self.sample_rate), b""  # start over
             raise ProtocolError(f"corrupt Ogg/Opus audio: {exc}") from exc
+        return np.concatenate(pcm) if pcm else np.zeros(0, dtype=np.float32)
 
 
 class OpusEncoder:

@@ -122,7 +122,7 @@ class StatsEvent(_Event):
     frames_in: int
     frames_out: int
     frames_dropped: int
-    frame_latency_ms: float | None  # median, audio frame in -> audio frame out, server side
+    frame_latency_ms: float | None = None  # median, audio frame in -> audio frame out, server side
 
 
 class ErrorEvent(_Event):

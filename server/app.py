@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import uvicorn
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -14,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from kame.errors import EngineError
 from kame.protocol import ProtocolError
+from server.access import AccessControl, Refusal
 from server.services import Services
 from server.session import Session, SessionOptions
 from server.settings import ServerSettings
@@ -21,6 +24,54 @@ from server.settings import ServerSettings
 logger = logging.getLogger(__name__)
 
 WEB_ROOT = Path(__file__).resolve().parents[1] / "client" / "web"
+
+
+async def close_sessions(sessions: set, timeout_s: float) -> None:
+    """Tell every client the server is going away, and give sessions `timeout_s` to end."""
+    if not sessions:
+        return
+    logger.info("closing %d sessions", len(sessions))
+    current = list(sessions)
+    await asyncio.gather(*(s.shutdown("the server is shutting down") for s in current), return_exceptions=True)
+    waiters = [asyncio.ensure_future(s.ended.wait()) for s in current]
+    _, late = await asyncio.wait(waiters, timeout=timeout_s)
+    for waiter in late:
+        waiter.cancel()
+
+
+class RedactTokens(logging.Filter):
+    """Hides `token=...` query values (browsers pass the auth token that way) in uvicorn's logs."""
+
+    _pattern = re.compile(r"(token=)[^&\s\"']+")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "token=" in message:
+            record.msg, record.args = self._pattern.sub(r"\1***", message), ()
+        return True
+
+
+def install_log_redaction() -> None:
+    for name in ("uvicorn.access", "uvicorn.error", "uvicorn"):
+        logger_ = logging.getLogger(name)
+        if not any(isinstance(f, RedactTokens) for f in logger_.filters):
+            logger_.addFilter(RedactTokens())
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, but on shutdown the sessions are told and given time to end before uvicorn
+    drops their sockets (uvicorn alone closes them at once with code 1012)."""
+
+    async def startup(self, sockets=None) -> None:
+        install_log_redaction()  # uvicorn configures its loggers before this
+        await super().startup(sockets)
+
+    async def shutdown(self, sockets=None) -> None:
+        app = self.config.app
+        drain = getattr(getattr(app, "state", None), "drain", None)
+        if drain is not None:
+            await drain()
+        await super().shutdown(sockets)
 
 
 def create_app(settings: ServerSettings, services: Services | None = None) -> FastAPI:
@@ -33,6 +84,7 @@ def create_app(settings: ServerSettings, services: Services | None = None) -> Fa
         try:
             yield
         finally:
+            await drain()
             if services is None:
                 await app.state.services.aclose()
 
@@ -53,9 +105,20 @@ def create_app(settings: ServerSettings, services: Services | None = None) -> Fa
             return PlainTextResponse("loading\n", status_code=503)
         return Response(current.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    access = AccessControl(settings)
+    app.state.sessions = set()
+    app.state.draining = False
+
+    async def drain() -> None:
+        """Graceful stop: refuse new sessions, tell the current ones, give them time to end."""
+        app.state.draining = True
+        await close_sessions(app.state.sessions, settings.shutdown_timeout_s)
+
+    app.state.drain = drain
+
     @app.websocket("/api/chat")
     async def chat(ws: WebSocket) -> None:
-        await run_session(ws, app.state.services)
+        await run_session(ws, app.state.services, access, app.state.sessions, app.state.draining)
 
     if (WEB_ROOT / "index.html").is_file():  # the browser page, after the routes above
         app.mount("/", StaticFiles(directory=WEB_ROOT, html=True), name="web")
@@ -67,17 +130,25 @@ def create_app(settings: ServerSettings, services: Services | None = None) -> Fa
     return app
 
 
-async def _refuse(ws: WebSocket, services: Services, reason: str) -> None:
+async def _refuse(ws: WebSocket, services: Services, refusal: Refusal) -> None:
     services.metrics.sessions_refused.inc()
-    logger.info("connection refused: %s", reason)
+    logger.info("connection from %s refused (%d): %s", ws.client.host if ws.client else "?", refusal.status,
+                refusal.reason)
     if "websocket.http.response" in ws.scope.get("extensions", {}):
-        await ws.send_denial_response(JSONResponse({"error": "busy", "message": reason}, status_code=503))
+        body = {"error": {401: "unauthorized", 403: "forbidden", 429: "too_many", 503: "busy"}.get(
+            refusal.status, "refused"), "message": refusal.reason}
+        await ws.send_denial_response(JSONResponse(body, status_code=refusal.status))
     else:
         await ws.accept()
-        await ws.close(1013, reason)
+        await ws.close(refusal.close_code, refusal.reason[:120])
 
 
-async def run_session(ws: WebSocket, services: Services) -> None:
+async def run_session(ws: WebSocket, services: Services, access: AccessControl, sessions: set,
+                      draining: bool = False) -> None:
+    refusal = Refusal(503, 1001, "the server is shutting down") if draining else access.check(ws)
+    if refusal is not None:
+        await _refuse(ws, services, refusal)
+        return
     try:
         options = SessionOptions.from_query(ws.query_params)
         session = Session(ws, services, options)
@@ -85,17 +156,21 @@ async def run_session(ws: WebSocket, services: Services) -> None:
         await ws.accept()
         await ws.close(1008, str(exc)[:120])
         return
+    busy = Refusal(503, 1013, f"all {services.engine.batch_size} session slots are busy; try again later")
     if services.runner.free_slots <= 0:
-        await _refuse(ws, services, f"all {services.engine.batch_size} session slots are busy; try again later")
+        await _refuse(ws, services, busy)
         return
     try:
         handle = await services.runner.acquire_async(session.on_output_threadsafe, session.on_error_threadsafe)
-    except EngineError as exc:
-        await _refuse(ws, services, str(exc))
+    except EngineError:
+        await _refuse(ws, services, busy)
         return
+    ip = access.enter(ws)
+    sessions.add(session)
     try:
         await ws.accept()
-    except BaseException:
+        await session.run(handle)
+    finally:
         handle.release()
-        raise
-    await session.run(handle)
+        sessions.discard(session)
+        access.leave(ip)

@@ -11,6 +11,7 @@ import torch
 
 from kame.asr import AsrEngine, build_asr
 from kame.backend import make_llm
+from kame.backend.breaker import CircuitBreakerLLM
 from kame.backend.llm import LLMClient
 from kame.backend.profiles import BackendProfile
 from kame.errors import FrontendLoadError
@@ -57,10 +58,15 @@ class Services:
                            "oracle. For real speech use --frontend SakanaAI/kame on a GPU.")
         sessions = settings.max_sessions or (32 if device.type == "cuda" else 4)
         logger.info("[2/4] starting the batched engine: %d session slots", sessions)
-        engine = BatchedEngine(frontend, sessions)
-        runner = EngineRunner(engine, settings.batch_window_ms / 1000, settings.max_pending_frames,
-                              on_step=metrics.on_step).start()
-        _warm_up(runner)
+        try:
+            engine = BatchedEngine(frontend, sessions)
+            runner = EngineRunner(engine, settings.batch_window_ms / 1000, settings.max_pending_frames,
+                                  on_step=metrics.on_step).start()
+            _warm_up(runner)
+        except torch.OutOfMemoryError as exc:
+            raise FrontendLoadError(
+                f"out of device memory with {sessions} session slots ({exc}); lower --max-sessions "
+                "(max_sessions in the config, KAME_MAX_SESSIONS)") from exc
         asr_name = settings.resolved_asr(cuda)
         logger.info("[3/4] loading ASR %s", asr_name)
         asr = build_asr(asr_name, settings.asr_model, settings.device, max_sessions=sessions)
@@ -76,8 +82,10 @@ class Services:
         return services
 
     def llm(self, name: str) -> LLMClient:
+        """The profile's client, shared by every session, behind the profile's circuit breaker."""
         if name not in self._llms:
-            self._llms[name] = make_llm(self.profiles[name])
+            self._llms[name] = CircuitBreakerLLM(make_llm(self.profiles[name]), self.settings.breaker_failures,
+                                                 self.settings.breaker_cooldown_s)
         return self._llms[name]
 
     def health(self) -> dict:

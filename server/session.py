@@ -67,6 +67,10 @@ class _EngineFailed(Exception):
     pass
 
 
+class _Limit(Exception):
+    """A limit ended the session; args: (close code, reason)."""
+
+
 @dataclass(frozen=True)
 class SessionOptions:
     events: bool = False  # send JSON events (kind 7)
@@ -103,6 +107,10 @@ class Session:
         self.backend = backend
         self.handle: SlotHandle | None = None
         self.planner: Planner | None = None
+        self._asr_ok = True
+        self.ended = asyncio.Event()
+        self._started = time.monotonic()
+        self._closing: str | None = None
 
     # ---------------------------------------------------------------- engine thread -> loop
 
@@ -134,10 +142,16 @@ class Session:
                 tasks.create_task(self._engine_output(), name=f"session-{self.id}-engine")
                 tasks.create_task(self._asr_events(asr_stream), name=f"session-{self.id}-asr")
                 tasks.create_task(self._sender(), name=f"session-{self.id}-send")
+                tasks.create_task(self._watchdog(asr_stream), name=f"session-{self.id}-watchdog")
                 if self.options.events:
                     tasks.create_task(self._stats(), name=f"session-{self.id}-stats")
         except* _Disconnected:
             logger.info("session %s: client disconnected", self.id)
+        except* _Limit as group:
+            code, reason = group.exceptions[0].args
+            logger.info("session %s closed: %s", self.id, reason)
+            self._error("limit", reason)
+            await self._flush_then_close(code, reason)
         except* _EngineFailed:
             logger.error("session %s ended: the engine failed on its slot", self.id)
             await self._close(1011, "engine failure")
@@ -150,6 +164,7 @@ class Session:
             await self.planner.aclose()
             metrics.active_sessions.dec()
             metrics.free_slots.set(services.runner.free_slots)
+            self.ended.set()
             logger.info("session %s ended after %d frames", self.id, self.frames_in)
 
     async def _close(self, code: int, reason: str) -> None:
@@ -159,11 +174,17 @@ class Session:
     # ---------------------------------------------------------------- tasks
 
     async def _receive(self, asr_stream) -> None:
+        flood = _Flood(self.settings.max_messages_per_s)
         while True:
             try:
-                message = await self.ws.receive()
+                async with asyncio.timeout(self.settings.idle_timeout_s):
+                    message = await self.ws.receive()
+            except TimeoutError as exc:
+                raise _Limit(1001, f"no message for {self.settings.idle_timeout_s:.0f} s") from exc
             except (RuntimeError, OSError, WebSocketDisconnect, ConnectionClosed) as exc:
                 raise _Disconnected from exc
+            if flood.over():
+                raise _Limit(1008, f"more than {self.settings.max_messages_per_s:.0f} messages/s for 5 s")
             if message["type"] == "websocket.disconnect":
                 raise _Disconnected
             data = message.get("bytes")
@@ -195,7 +216,8 @@ class Session:
         now = time.monotonic()
         self._samples_in += len(pcm)
         self._audio_wall.append((self._samples_in / SAMPLE_RATE, now))
-        asr_stream.push_pcm(pcm)
+        if self._asr_ok:
+            asr_stream.push_pcm(pcm)
         for frame in self._splitter.push(pcm):
             self._frame_pushed_at.append(now)
             self.handle.push_frame(frame)
@@ -280,9 +302,40 @@ class Session:
 
     async def _send_now(self, message: bytes) -> None:
         try:
-            await self.ws.send_bytes(message)
+            async with asyncio.timeout(self.settings.send_timeout_s):
+                await self.ws.send_bytes(message)
+        except TimeoutError as exc:
+            raise _Limit(1008, f"the client has not read for {self.settings.send_timeout_s:.0f} s") from exc
         except (RuntimeError, OSError, WebSocketDisconnect, ConnectionClosed) as exc:
             raise _Disconnected from exc
+
+    async def _flush_then_close(self, code: int, reason: str, limit_s: float = 1.0) -> None:
+        """Send what is queued (the error event above all), briefly, then close."""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(limit_s):
+                while len(self._send):
+                    await self.ws.send_bytes(await self._send.get())
+        await self._close(code, reason)
+
+    async def shutdown(self, reason: str) -> None:
+        """The server is stopping: tell the client and end the session."""
+        self._closing = reason
+        self._error("shutdown", reason)
+        await self._flush_then_close(1001, reason)
+
+    async def _watchdog(self, asr_stream) -> None:
+        """Session length, ASR health: checked once a second."""
+        stall_s = self.settings.asr_stall_s
+        while True:
+            await asyncio.sleep(min(1.0, self.settings.max_session_s))
+            if time.monotonic() - self._started >= self.settings.max_session_s:
+                raise _Limit(1000, f"the session reached its {self.settings.max_session_s:.0f} s limit")
+            lag = getattr(asr_stream, "stalled_for_s", lambda: 0.0)()
+            if self._asr_ok and lag > stall_s:
+                self._asr_ok = False
+                message = f"the ASR is {lag:.0f} s behind; going on without transcripts (plain Moshi)"
+                logger.warning("session %s: %s", self.id, message)
+                self._event(AsrStatusEvent(status="failed", message=message))
 
     async def _stats(self) -> None:
         while True:
@@ -329,3 +382,19 @@ class Session:
             self._event(ErrorEvent(code=code, message=message))
         else:
             self._send.put(encode(Kind.ERROR, message.encode()))
+
+
+class _Flood:
+    """Counts client messages per second; `over()` is true after 5 s in a row above the limit."""
+
+    def __init__(self, per_second: float, patience_s: int = 5) -> None:
+        self.per_second, self.patience_s = per_second, patience_s
+        self._second, self._count, self._bad_seconds = int(time.monotonic()), 0, 0
+
+    def over(self) -> bool:
+        now = int(time.monotonic())
+        if now != self._second:
+            self._bad_seconds = self._bad_seconds + 1 if self._count > self.per_second else 0
+            self._second, self._count = now, 0
+        self._count += 1
+        return self._bad_seconds >= self.patience_s

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from kame.backend.planner import DEFAULT_SYSTEM_PROMPT, PlannerConfig
@@ -17,6 +18,15 @@ from kame.errors import KameError
 
 class SettingsError(KameError):
     """A bad setting; the message names the key."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class ProfileSettings(BaseModel):
@@ -66,6 +76,32 @@ class ServerSettings(BaseSettings):
     send_queue_messages: int = Field(64, ge=4)  # output messages buffered per session (oldest audio dropped)
     max_message_bytes: int = Field(1 << 20, ge=1024)
     stats_interval_s: float = Field(1.0, gt=0)  # how often a session gets a stats event
+    # access and limits (docs/security.md)
+    auth_tokens: list[SecretStr] = Field(default_factory=list)  # accepted bearer tokens; empty: no auth
+    require_auth: bool | None = None  # None: required when `host` is not a loopback address
+    allowed_origins: list[str] = Field(default_factory=list)  # browser origins; empty: the server's own; "*": any
+    max_session_s: float = Field(3600.0, gt=0)  # a session is closed after this long
+    idle_timeout_s: float = Field(60.0, gt=0)  # ... or after this long without a client message
+    max_connections_per_ip: int = Field(8, ge=1)
+    max_messages_per_s: float = Field(200.0, gt=0)  # a client sending more for 5 s in a row is closed
+    send_timeout_s: float = Field(10.0, gt=0)  # a client that does not read for this long is closed
+    asr_stall_s: float = Field(10.0, gt=0)  # ASR this far behind: the session goes on without it
+    breaker_failures: int = Field(5, ge=1)  # LLM failures in a row (per profile) that open its circuit ...
+    breaker_cooldown_s: float = Field(30.0, gt=0)  # ... for this long
+    shutdown_timeout_s: float = Field(10.0, ge=0)  # on SIGTERM, sessions get this long to finish
+
+    @property
+    def auth_required(self) -> bool:
+        return self.require_auth if self.require_auth is not None else not is_loopback(self.host)
+
+    @model_validator(mode="after")
+    def _check_auth(self) -> ServerSettings:
+        if self.auth_required and not self.auth_tokens:
+            raise ValueError(
+                f"host {self.host} is reachable from the network, so clients must authenticate: set "
+                "--auth-token TOKEN (or auth_tokens in the config, KAME_AUTH_TOKENS='[\"...\"]'), or "
+                "require_auth = false to let anyone in")
+        return self
 
     @model_validator(mode="after")
     def _check_llm(self) -> ServerSettings:
@@ -144,6 +180,7 @@ def load_settings(config_file: str | Path | None = None, **cli: object) -> Serve
         key = ".".join(str(p) for p in error.get("loc", ()))
         if not key:  # a check across keys: its message names them
             raise SettingsError(f"settings: {message}") from exc
-        raise SettingsError(f"setting {key}: {message} (got {error.get('input')!r})") from exc
+        shown = "(hidden)" if key.startswith("auth_tokens") else repr(error.get("input"))
+        raise SettingsError(f"setting {key}: {message} (got {shown})") from exc
     finally:
         _TomlSource.data = {}

@@ -11,17 +11,18 @@ import numpy as np
 import uvicorn
 
 from client.client import AudioMessage, EventMessage, KameClient, TextMessage
-from server.app import create_app
+from server.app import DrainingServer, create_app
 from server.services import Services
 from server.settings import load_settings
 
 
 @contextmanager
 def running_server(**settings_kw):
-    settings = load_settings(None, **({"frontend": "tiny-copy", "device": "cpu", "port": 0} | settings_kw))
+    defaults = {"frontend": "tiny-copy", "device": "cpu", "port": 0, "llm": "local"}
+    settings = load_settings(None, **(defaults | settings_kw))
     services = Services.start(settings)
     app = create_app(settings, services)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+    server = DrainingServer(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
                                            ws="websockets", lifespan="on"))
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()

@@ -21,8 +21,9 @@ def with_silence(pcm: np.ndarray, before_s: float = 0.3, after_s: float = 4.0) -
 
 async def talk(url: str, pcm: np.ndarray, until: str | None = None, max_after_s: float = 20.0
                ) -> tuple[Recording, float, float]:
-    """Speak `pcm`, then keep sending silence in real time until the assistant has said `until`
-    (or 4 s when None, or `max_after_s` at most): a loaded machine only makes it wait longer."""
+    """Speak `pcm`, then keep sending silence in real time until the assistant has said `until` and
+    the final transcript came (or 4 s when None, or `max_after_s` at most): a loaded machine only
+    makes it wait longer."""
     client = await KameClient.connect(url + "/api/chat")
     got = Recording()
     receiver = asyncio.create_task(record(client, got))
@@ -30,7 +31,8 @@ async def talk(url: str, pcm: np.ndarray, until: str | None = None, max_after_s:
     speech_end = start + 0.3 + len(pcm) / 24000
     silence = np.zeros(1920, np.float32)
     for _ in range(int((max_after_s if until else 4.0) / 0.08)):
-        if until is not None and until in got.text_stream:
+        heard_final = any(e.final for e in got.of("transcript"))
+        if until is not None and until in got.text_stream and heard_final:
             break
         await stream_realtime(client, silence)
     end = time.monotonic()

@@ -122,3 +122,11 @@ def test_event_round_trip():
     event = OracleEvent(op="reset", epoch=3, text="Paris", tokens=2, frame=17)
     kind, payload = decode(encode_event(event))
     assert kind is Kind.EVENT and parse_event(payload) == event
+
+
+def test_every_event_round_trips_with_its_optional_fields_left_out():
+    from kame.protocol import StatsEvent
+
+    for event in (StatsEvent(frames_in=1, frames_out=1, frames_dropped=0),
+                  OracleEvent(op="append", epoch=1, text="", tokens=0, frame=0)):
+        assert parse_event(encode_event(event)[1:]) == event

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -29,6 +30,7 @@ class ThreadedStream:
         self._events: asyncio.Queue[TranscriptEvent | None] = asyncio.Queue()
         self._flushed = threading.Event()
         self._closed = False
+        self._waiting_since: float | None = None
         self._thread = threading.Thread(target=self._run, name=f"kame-{self.name}", daemon=True)
         self._thread.start()
 
@@ -36,7 +38,14 @@ class ThreadedStream:
 
     def push_pcm(self, pcm: np.ndarray) -> None:
         if not self._closed:
+            if self._waiting_since is None:
+                self._waiting_since = time.monotonic()
             self._inbox.put(np.asarray(pcm, dtype=np.float32))
+
+    def stalled_for_s(self) -> float:
+        """How long the oldest audio not yet taken by the worker has waited (0 when none waits)."""
+        since = self._waiting_since
+        return 0.0 if since is None else time.monotonic() - since
 
     async def flush(self) -> None:
         self._flushed.clear()
@@ -64,6 +73,7 @@ class ThreadedStream:
 
     def _drain(self) -> list:
         items = [self._inbox.get()]
+        self._waiting_since = None  # the worker has everything queued so far
         while True:
             try:
                 items.append(self._inbox.get_nowait())

@@ -25,7 +25,8 @@ class ChatMessage:
     content: str
 
 
-ErrorKind = Literal["connection", "timeout", "auth", "rate_limit", "server", "bad_request", "protocol", "config"]
+ErrorKind = Literal["connection", "timeout", "auth", "rate_limit", "server", "bad_request", "protocol", "config",
+                    "unavailable"]
 
 
 class LLMError(KameError):

@@ -50,6 +50,8 @@ class SlotHandle:
         frame = np.asarray(pcm, dtype=np.float32)
         if frame.shape != (FRAME_SIZE,):
             raise EngineError(f"a frame must be {FRAME_SIZE} samples, got shape {frame.shape}")
+        if not np.isfinite(frame).all():
+            raise EngineError("a frame holds NaN or infinite samples")
         self.runner._push_frame(self.slot, frame)
 
     def push_oracle(self, update: OracleUpdate) -> None:
@@ -208,6 +210,12 @@ class EngineRunner:
                 batch[slot] = (inbox.frames.popleft(), updates, inbox)
         return batch
 
+    def _reset_quietly(self, slot: int) -> None:
+        try:
+            self.engine.reset_slot(slot)
+        except Exception:
+            logger.exception("could not reset slot %d after a failed step", slot)
+
     @staticmethod
     def _run_command(fn: Callable[[], object], future: concurrent.futures.Future) -> None:
         try:
@@ -222,9 +230,10 @@ class EngineRunner:
         started = time.perf_counter()
         try:
             outputs = self.engine.step({slot: frame for slot, (frame, _, _) in batch.items()})
-        except Exception as exc:
+        except Exception as exc:  # contained: those slots are reset and told; the thread goes on
             logger.exception("engine step failed for slots %s", sorted(batch))
-            for _, _, inbox in batch.values():
+            for slot, (_, _, inbox) in batch.items():
+                self._reset_quietly(slot)
                 if inbox.on_error is not None:
                     inbox.on_error(exc)
             return

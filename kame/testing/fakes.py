@@ -1,11 +1,14 @@
-"""Scripted stand-ins for the vendors, for unit tests and demos: an LLM that streams on a clock."""
+"""Scripted stand-ins for the vendors, for unit tests and demos: an LLM on a clock, a scripted ASR."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from kame.asr.events import AsrFailure
 from kame.backend.llm import ChatMessage, LLMError
 from kame.clock import Clock, MonotonicClock
 
@@ -37,3 +40,59 @@ class FakeLLM:
             yield delta
         if reply.error is not None and reply.error_after >= len(reply.deltas):
             raise reply.error
+
+
+class ScriptedAsr:
+    """An ASR engine that emits scripted transcript events once enough audio was pushed.
+
+    `script` is a list of (audio seconds, event); `fail_at_s` raises (as an AsrFailure event);
+    `stall` makes the stream stop consuming audio (its `stalled_for_s` grows).
+    """
+
+    name = "scripted-asr"
+
+    def __init__(self, script: list[tuple[float, object]] = (), fail_at_s: float | None = None,
+                 stall: bool = False) -> None:
+        self.script, self.fail_at_s, self.stall = list(script), fail_at_s, stall
+
+    def open_stream(self) -> _ScriptedStream:
+        return _ScriptedStream(self)
+
+    def close(self) -> None:
+        pass
+
+
+class _ScriptedStream:
+    def __init__(self, asr: ScriptedAsr) -> None:
+        self.asr = asr
+        self._events: asyncio.Queue = asyncio.Queue()
+        self._heard = 0.0
+        self._pending = list(asr.script)
+        self._failed = False
+        self._stalled_since: float | None = None
+
+    def push_pcm(self, pcm) -> None:
+        if self.asr.stall:
+            self._stalled_since = self._stalled_since or time.monotonic()
+            return
+        self._heard += len(pcm) / 24000
+        while self._pending and self._pending[0][0] <= self._heard:
+            self._events.put_nowait(self._pending.pop(0)[1])
+        if self.asr.fail_at_s is not None and self._heard >= self.asr.fail_at_s and not self._failed:
+            self._failed = True
+            self._events.put_nowait(AsrFailure("scripted ASR failure"))
+
+    def stalled_for_s(self) -> float:
+        return 0.0 if self._stalled_since is None else time.monotonic() - self._stalled_since
+
+    async def flush(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        self._events.put_nowait(None)
+
+    async def __aiter__(self):
+        while (event := await self._events.get()) is not None:
+            yield event
+            if isinstance(event, AsrFailure):
+                return

@@ -1,0 +1,122 @@
+"""Load from the client side: many sessions at real-time pace, churn and garbage (soak tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from client.client import AudioMessage, KameClient, ServerBusy
+from kame.protocol import Kind, encode
+
+FRAME, RATE = 1920, 24000
+
+
+@dataclass
+class SessionReport:
+    frames_sent: int = 0
+    frames_received: int = 0
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def real_time_ratio(self) -> float:
+        """Audio received per audio sent (1.0: every frame came back)."""
+        return self.frames_received / self.frames_sent if self.frames_sent else 0.0
+
+
+async def good_session(url: str, speech: np.ndarray, seconds: float, report: SessionReport) -> None:
+    """Speak `speech` in a loop (with pauses) at real-time pace for `seconds`, counting audio back."""
+    client = await KameClient.connect(url)
+    received = 0
+
+    async def receive() -> None:
+        nonlocal received
+        async for message in client:
+            if isinstance(message, AudioMessage):
+                received += len(message.pcm)
+
+    task = asyncio.create_task(receive())
+    loop_audio = np.concatenate([speech, np.zeros(RATE * 2, np.float32)])
+    started = time.monotonic()
+    index = 0
+    try:
+        while time.monotonic() - started < seconds:
+            start = (index * FRAME) % (len(loop_audio) - FRAME)
+            await client.send_pcm(loop_audio[start:start + FRAME])
+            index += 1
+            delay = started + index * FRAME / RATE - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        await asyncio.sleep(0.5)
+    except ConnectionClosed as exc:
+        report.errors.append(f"closed by the server: {exc}")
+    finally:
+        report.frames_sent += index
+        report.seconds += time.monotonic() - started
+        await client.close()
+        await task
+        report.frames_received += received // FRAME
+
+
+async def garbage_client(url: str, seconds: float, rng: random.Random) -> int:
+    """Connect, send random junk of every kind, disconnect abruptly, repeat. Returns connections made."""
+    made, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            client = await KameClient.connect(url, events=rng.random() < 0.5)
+        except (ServerBusy, InvalidStatus, OSError):
+            await asyncio.sleep(0.2)
+            continue
+        made += 1
+        try:
+            for _ in range(rng.randrange(1, 30)):
+                kind = rng.choice([0, 1, 2, 3, 5, 7, 8, 9, 42, 255])
+                junk = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 300)))
+                await client.send_raw(encode(Kind(kind), junk) if kind in Kind._value2member_map_ else
+                                      bytes([kind]) + junk)
+                await asyncio.sleep(rng.random() * 0.05)
+        except ConnectionClosed:
+            pass
+        if rng.random() < 0.5:
+            client.ws.transport.abort()
+        else:
+            with contextlib.suppress(Exception):
+                await client.close()
+    return made
+
+
+async def churn_client(url: str, speech: np.ndarray, seconds: float, rng: random.Random) -> int:
+    """Sessions that talk briefly and vanish mid-utterance. Returns sessions made."""
+    made, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            client = await KameClient.connect(url)
+        except (ServerBusy, InvalidStatus, OSError):
+            await asyncio.sleep(0.2)
+            continue
+        made += 1
+        frames = rng.randrange(3, 40)
+        with contextlib.suppress(ConnectionClosed):
+            for index in range(frames):
+                start = (index * FRAME) % (len(speech) - FRAME)
+                await client.send_pcm(speech[start:start + FRAME])
+                await asyncio.sleep(FRAME / RATE)
+        client.ws.transport.abort()
+        await asyncio.sleep(rng.random() * 0.5)
+    return made
+
+
+async def soak(url: str, speech: np.ndarray, seconds: float, good: int = 2, seed: int = 0) -> dict:
+    """Good sessions, one garbage client and one churning client, all for `seconds`."""
+    rng = random.Random(seed)
+    reports = [SessionReport() for _ in range(good)]
+    results = await asyncio.gather(
+        *(good_session(url, speech, seconds, r) for r in reports),
+        garbage_client(url, seconds, rng), churn_client(url, speech, seconds, rng))
+    return {"good": reports, "garbage_connections": results[good], "churn_sessions": results[good + 1]}

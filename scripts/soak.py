@@ -1,0 +1,69 @@
+"""The long soak test: a real server (tiny-copy, Whisper, a faulty scripted LLM) on loopback, good
+sessions at real-time pace, garbage and churning clients, for N minutes; prints a JSON report.
+
+    python scripts/soak.py --minutes 10 [--good 3] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from client.loadgen import soak
+from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
+from kame.testing.speech import speech
+from server.settings import ProfileSettings
+from tests.server_harness import running_server
+
+
+def rss_mb() -> float:
+    status = Path("/proc/self/status").read_text()
+    return next(int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmRSS:"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--good", type=int, default=3, help="good sessions (default 3)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    faults = [ScriptedReply(status=500), ScriptedReply(status=429, retry_after="1"), ScriptedReply(cut_after=2),
+              ScriptedReply(stall_after=1), ScriptedReply(malformed_after=1), ScriptedReply(text="Fine, thanks.")]
+    llm = ScriptedOpenAIServer(lambda body: rng.choice(faults))
+    llm.start_in_thread()
+    voice = speech("How many legs does a spider have?", Path.home() / ".cache" / "kame-tts")
+    profiles = {"faulty": ProfileSettings(base_url=llm.base_url, model="m", api_key_env=None,
+                                          first_token_timeout_s=1.0, token_timeout_s=0.5)}
+    try:
+        with running_server(asr="whisper", max_sessions=args.good + 2, llm="faulty", profiles=profiles,
+                            breaker_failures=50) as (url, services):
+            before, started = rss_mb(), time.monotonic()
+            report = asyncio.run(soak(url + "/api/chat", voice, args.minutes * 60, good=args.good, seed=args.seed))
+            time.sleep(2)
+            result = {
+                "minutes": args.minutes, "wall_s": round(time.monotonic() - started, 1),
+                "rss_before_mb": round(before), "rss_after_mb": round(rss_mb()),
+                "free_slots_after": services.runner.free_slots, "slots": services.engine.batch_size,
+                "llm_requests": len(llm.requests), "garbage_connections": report["garbage_connections"],
+                "churn_sessions": report["churn_sessions"],
+                "good": [{"frames_sent": g.frames_sent, "real_time_ratio": round(g.real_time_ratio, 4),
+                          "errors": g.errors} for g in report["good"]],
+            }
+    finally:
+        llm.stop_thread()
+    print(json.dumps(result, indent=2))
+    ok = result["free_slots_after"] == result["slots"] and all(
+        g["real_time_ratio"] > 0.95 and not g["errors"] for g in result["good"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Who may open a session: bearer tokens (constant-time), browser origins, connections per IP."""
+
+from __future__ import annotations
+
+import hmac
+from collections import Counter
+from dataclasses import dataclass
+
+from starlette.websockets import WebSocket
+
+from server.settings import ServerSettings
+
+
+@dataclass(frozen=True)
+class Refusal:
+    status: int  # HTTP status of the denial response
+    close_code: int  # websocket close code, where a denial response cannot be sent
+    reason: str
+
+
+class AccessControl:
+    def __init__(self, settings: ServerSettings) -> None:
+        self._tokens = [t.get_secret_value().encode() for t in settings.auth_tokens]
+        self._origins = set(settings.allowed_origins)
+        self._per_ip = settings.max_connections_per_ip
+        self.connections: Counter[str] = Counter()
+
+    def check(self, ws: WebSocket) -> Refusal | None:
+        if self._tokens and not self._token_ok(ws):
+            return Refusal(401, 1008, "a valid token is required (Authorization: Bearer TOKEN, or ?token=TOKEN)")
+        origin = ws.headers.get("origin")
+        if origin is not None and not self._origin_ok(origin, ws.headers.get("host", "")):
+            return Refusal(403, 1008, f"origin {origin} is not allowed")
+        if self.connections[_ip(ws)] >= self._per_ip:
+            return Refusal(429, 1013, f"at most {self._per_ip} sessions per address")
+        return None
+
+    def _token_ok(self, ws: WebSocket) -> bool:
+        header = ws.headers.get("authorization", "")
+        given = header[7:] if header.lower().startswith("bearer ") else ws.query_params.get("token", "")
+        given_bytes = given.encode()
+        matched = False
+        for token in self._tokens:  # every token is compared: the time taken says nothing
+            matched |= hmac.compare_digest(given_bytes, token)
+        return matched
+
+    def _origin_ok(self, origin: str, host: str) -> bool:
+        if "*" in self._origins or origin in self._origins:
+            return True
+        return not self._origins and origin in (f"http://{host}", f"https://{host}")
+
+    def enter(self, ws: WebSocket) -> str:
+        ip = _ip(ws)
+        self.connections[ip] += 1
+        return ip
+
+    def leave(self, ip: str) -> None:
+        self.connections[ip] -= 1
+        if self.connections[ip] <= 0:
+            del self.connections[ip]
+
+
+def _ip(ws: WebSocket) -> str:
+    return ws.client.host if ws.client else "unknown"

@@ -1,0 +1,59 @@
+"""A short soak: good sessions keep real-time audio while garbage, churn and a faulty LLM hit the server.
+The long version: scripts/soak.py --minutes N."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import urllib.request
+from pathlib import Path
+
+from client.loadgen import soak
+from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
+from server.settings import ProfileSettings
+
+from .server_harness import running_server
+
+SECONDS = 20
+
+
+def faulty_llm(seed: int = 0):
+    rng = random.Random(seed)
+    faults = [ScriptedReply(status=500), ScriptedReply(status=429, retry_after="1"), ScriptedReply(cut_after=2),
+              ScriptedReply(stall_after=1), ScriptedReply(malformed_after=1), ScriptedReply(text="Fine, thanks.")]
+    return ScriptedOpenAIServer(lambda body: rng.choice(faults))
+
+
+def rss_mb() -> float:
+    status = Path("/proc/self/status").read_text()
+    return next(int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmRSS:"))
+
+
+def test_short_soak(voices):
+    llm = faulty_llm()
+    llm.start_in_thread()
+    profiles = {"faulty": ProfileSettings(base_url=llm.base_url, model="m", api_key_env=None,
+                                          first_token_timeout_s=1.0, token_timeout_s=0.5)}
+    try:
+        with running_server(asr="whisper", max_sessions=4, llm="faulty", profiles=profiles,
+                            breaker_failures=50) as (url, services):
+            before = rss_mb()
+            report = asyncio.run(soak(url + "/api/chat", voices["spider"], SECONDS, good=2))
+            http = url.replace("ws://", "http://")
+            healthy = urllib.request.urlopen(http + "/healthz", timeout=5).status == 200
+            deadline = time.monotonic() + 10
+            while services.runner.free_slots != 4 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            free = services.runner.free_slots
+            growth = rss_mb() - before
+    finally:
+        llm.stop_thread()
+    assert healthy and free == 4  # the server is up and every slot was freed
+    for good in report["good"]:
+        assert not good.errors
+        assert good.real_time_ratio > 0.95  # every good session kept getting its audio back
+        assert good.frames_sent >= 0.9 * SECONDS * 12.5
+    assert report["garbage_connections"] >= 3 and report["churn_sessions"] >= 3
+    assert len(llm.requests) >= 2  # the faulty LLM was really in the loop
+    assert growth < 300, f"RSS grew by {growth:.0f} MB"
