@@ -120,3 +120,67 @@ async def soak(url: str, speech: np.ndarray, seconds: float, good: int = 2, seed
         *(good_session(url, speech, seconds, r) for r in reports),
         garbage_client(url, seconds, rng), churn_client(url, speech, seconds, rng))
     return {"good": reports, "garbage_connections": results[good], "churn_sessions": results[good + 1]}
+
+
+# ----------------------------------------------------------------------------- load benchmark
+
+
+@dataclass
+class LatencyRun:
+    """One load level: every session's frame round trips (seconds), client side."""
+
+    sessions: int
+    seconds: float
+    round_trips: list[float] = field(default_factory=list)
+    frames_sent: int = 0
+    frames_received: int = 0
+    refused: int = 0
+
+
+async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.Random) -> None:
+    try:
+        client = await KameClient.connect(url, events=False)
+    except (ServerBusy, InvalidStatus):
+        run.refused += 1
+        return
+    sent_at: list[float] = []
+    received = 0
+
+    async def receive() -> None:
+        nonlocal received
+        async for message in client:
+            if isinstance(message, AudioMessage):
+                received += len(message.pcm)
+                while received >= FRAME * (len(run_trips) + 1) and len(run_trips) < len(sent_at):
+                    run_trips.append(time.monotonic() - sent_at[len(run_trips)])
+
+    run_trips: list[float] = []
+    task = asyncio.create_task(receive())
+    await asyncio.sleep(rng.random() * FRAME / RATE)  # sessions do not start in lockstep
+    noise = (np.random.default_rng(rng.randrange(1 << 30)).standard_normal(FRAME) * 0.05).astype(np.float32)
+    started = time.monotonic()
+    frames = int(seconds * RATE / FRAME)
+    with contextlib.suppress(ConnectionClosed):
+        for index in range(frames):
+            sent_at.append(time.monotonic())
+            await client.send_pcm(noise)
+            delay = started + (index + 1) * FRAME / RATE - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        await asyncio.sleep(0.5)
+    await client.close()
+    await task
+    run.frames_sent += len(sent_at)
+    run.frames_received += len(run_trips)
+    run.round_trips.extend(run_trips[3:])  # the first frames carry the connection's warm-up
+
+
+async def load_level(url: str, sessions: int, seconds: float, seed: int = 0) -> LatencyRun:
+    run = LatencyRun(sessions, seconds)
+    rng = random.Random(seed)
+    await asyncio.gather(*(_timed_session(url, seconds, run, random.Random(rng.random())) for _ in range(sessions)))
+    return run
+
+
+def percentile_ms(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)) * 1000, 2) if values else None

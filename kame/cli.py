@@ -102,16 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_frontend_bench_args(frontend)
     frontend.set_defaults(func=_cmd_bench)
-    _register_plugins(sub)
+    _register_plugins(sub, "kame.commands")
+    _register_plugins(bench_sub, "kame.bench")
     return parser
 
 
-def _register_plugins(sub: argparse._SubParsersAction) -> None:
-    """Subcommands of the server and the clients, found through the `kame.commands` entry points
-    (so that `kame` itself never imports `server/` or `client/`)."""
+def _register_plugins(sub: argparse._SubParsersAction, group: str) -> None:
+    """Subcommands of the server and the clients, found through entry points (`kame.commands`,
+    `kame.bench`), so that `kame` itself never imports `server/` or `client/`."""
     from importlib.metadata import entry_points
 
-    for entry in sorted(entry_points(group="kame.commands"), key=lambda e: e.name):
+    for entry in sorted(entry_points(group=group), key=lambda e: e.name):
         entry.load()(sub)
 
 

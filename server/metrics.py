@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 
 FRAME_S = 0.08
 _MS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
@@ -12,6 +19,7 @@ _S_BUCKETS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4)
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes
         self.active_sessions = Gauge("kame_active_sessions", "sessions connected now", registry=r)
         self.free_slots = Gauge("kame_free_slots", "engine slots free now", registry=r)
         self.sessions_total = Counter("kame_sessions_total", "sessions started", registry=r)

@@ -60,8 +60,9 @@ class Services:
         logger.info("[2/4] starting the batched engine: %d session slots", sessions)
         try:
             engine = BatchedEngine(frontend, sessions)
+            threads = settings.engine_threads or (None if cuda else 1)
             runner = EngineRunner(engine, settings.batch_window_ms / 1000, settings.max_pending_frames,
-                                  on_step=metrics.on_step).start()
+                                  on_step=metrics.on_step, torch_threads=threads).start()
             _warm_up(runner)
         except torch.OutOfMemoryError as exc:
             raise FrontendLoadError(

@@ -72,6 +72,7 @@ class ServerSettings(BaseSettings):
     profiles: dict[str, ProfileSettings] = Field(default_factory=dict)  # added to / replacing the built-ins
     planner: PlannerSettings = Field(default_factory=PlannerSettings)
     batch_window_ms: float = Field(20.0, ge=0, le=80)  # how long a ready session waits for the others
+    engine_threads: int | None = Field(None, ge=1)  # torch threads of the engine thread; None: 1 on CPU
     max_pending_frames: int = Field(25, ge=1)  # input frames buffered per session (oldest dropped)
     send_queue_messages: int = Field(64, ge=4)  # output messages buffered per session (oldest audio dropped)
     max_message_bytes: int = Field(1 << 20, ge=1024)

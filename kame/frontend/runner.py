@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from kame.errors import EngineError
 from kame.frontend.engine import FRAME_SIZE, BatchedEngine, FrameOutput
@@ -71,8 +72,11 @@ class EngineRunner:
     """Owns the engine thread. Use as a context manager or call `start()` / `stop()`."""
 
     def __init__(self, engine: BatchedEngine, batch_window_s: float = 0.02, max_pending_frames: int = 25,
-                 on_step: Callable[[float, int], None] | None = None) -> None:
+                 on_step: Callable[[float, int], None] | None = None, torch_threads: int | None = None) -> None:
         self.engine = engine
+        # intra-op threads of the engine thread; on a CPU, OpenMP teams started from a non-main
+        # thread cost more than they give for small models (docs/benchmarks.md): 1 is best there
+        self.torch_threads = torch_threads
         self.on_step = on_step  # (seconds, batch size) after each step, on the engine thread
         self.batch_window_s = batch_window_s  # how long a ready slot waits for the others
         self.max_pending_frames = max_pending_frames  # per slot; beyond it the oldest frame is dropped
@@ -169,6 +173,8 @@ class EngineRunner:
     # ---------------------------------------------------------------- engine thread
 
     def _loop(self) -> None:
+        if self.torch_threads:
+            torch.set_num_threads(self.torch_threads)
         while True:
             commands, batch = self._next_work()
             if commands is None:

@@ -1,0 +1,119 @@
+"""`kame bench load`: N concurrent real-time sessions against a running server; latency, CPU, RSS."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from client.loadgen import load_level, percentile_ms
+
+FRAME_MS = 80.0
+
+
+def register(bench_sub: argparse._SubParsersAction) -> None:
+    load = bench_sub.add_parser("load", help="concurrent real-time sessions against a running server")
+    load.add_argument("--url", default="ws://127.0.0.1:8998/api/chat")
+    load.add_argument("--sessions", type=int, default=4, help="the most sessions to try (default 4)")
+    load.add_argument("--seconds", type=float, default=10.0, help="per load level (default 10)")
+    load.add_argument("--levels", default=None,
+                      help="comma list of session counts (default: 1, 2, 4, ... up to --sessions)")
+    load.add_argument("--token", default=None, help="auth token, if the server needs one")
+    load.add_argument("--json-out", default=None)
+    load.set_defaults(func=run_load)
+
+
+def scrape(url: str) -> dict[str, float]:
+    """A few figures from the server's /metrics."""
+    parts = urlsplit(url)
+    scheme = "https" if parts.scheme == "wss" else "http"
+    text = urllib.request.urlopen(f"{scheme}://{parts.netloc}/metrics", timeout=5).read().decode()
+    wanted = {"process_cpu_seconds_total": "cpu_s", "process_resident_memory_bytes": "rss_bytes",
+              "kame_engine_step_seconds_sum": "step_sum", "kame_engine_step_seconds_count": "step_count",
+              "kame_frames_stepped_total": "frames_stepped"}
+    figures = {}
+    for line in text.splitlines():
+        match = re.match(r"^(\w+) ([0-9.e+-]+)$", line)
+        if match and match.group(1) in wanted:
+            figures[wanted[match.group(1)]] = float(match.group(2))
+    return figures
+
+
+def wait_for_free_slots(url: str, wanted: int, limit_s: float = 10.0) -> None:
+    """The previous level's sessions release their slots asynchronously: wait for them."""
+    parts = urlsplit(url)
+    health_url = f"{'https' if parts.scheme == 'wss' else 'http'}://{parts.netloc}/healthz"
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        health = json.loads(urllib.request.urlopen(health_url, timeout=5).read())
+        if health.get("free_slots", 0) >= wanted:
+            return
+        time.sleep(0.1)
+
+
+def measure(url: str, sessions: int, seconds: float) -> dict:
+    wait_for_free_slots(url, sessions)
+    before, started = scrape(url), time.monotonic()
+    run = asyncio.run(load_level(url, sessions, seconds))
+    after, wall = scrape(url), time.monotonic() - started
+    steps = after.get("step_count", 0) - before.get("step_count", 0)
+    step_ms = 1000 * (after.get("step_sum", 0) - before.get("step_sum", 0)) / steps if steps else None
+    p50, p99 = percentile_ms(run.round_trips, 50), percentile_ms(run.round_trips, 99)
+    late = sum(1 for t in run.round_trips if t * 1000 > FRAME_MS)
+    return {
+        "sessions": sessions, "refused": run.refused, "frames_sent": run.frames_sent,
+        "frames_dropped": run.frames_sent - run.frames_received, "frames_late": late,
+        "round_trip_ms": {"p50": p50, "p95": percentile_ms(run.round_trips, 95), "p99": p99},
+        "engine_step_ms": None if step_ms is None else round(step_ms, 2),
+        "batch_mean": round((after.get("frames_stepped", 0) - before.get("frames_stepped", 0)) / steps, 2)
+        if steps else None,
+        "real_time_factor": None if step_ms is None else round(step_ms / FRAME_MS, 3),
+        "overhead_ms": {"p50": None if p50 is None or step_ms is None else round(p50 - step_ms, 2),
+                        "p99": None if p99 is None or step_ms is None else round(p99 - step_ms, 2)},
+        "server_cpu_cores": round((after.get("cpu_s", 0) - before.get("cpu_s", 0)) / wall, 2),
+        "server_rss_mb": round(after.get("rss_bytes", 0) / 2**20),
+    }
+
+
+def run_load(args: argparse.Namespace) -> int:
+    url = args.url + (("&" if "?" in args.url else "?") + f"token={args.token}" if args.token else "")
+    levels = [int(x) for x in args.levels.split(",")] if args.levels else _doubling(args.sessions)
+    rows = []
+    for sessions in levels:
+        row = measure(url, sessions, args.seconds)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    fitting = [r["sessions"] for r in rows if r["round_trip_ms"]["p99"] is not None
+               and r["round_trip_ms"]["p99"] <= FRAME_MS and not r["refused"]]
+    result = {"url": args.url.split("?")[0], "seconds_per_level": args.seconds, "levels": rows,
+              "max_sessions_p99_under_80ms": max(fitting) if fitting else 0}
+    print(markdown(result))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def _doubling(limit: int) -> list[int]:
+    levels, n = [], 1
+    while n < limit:
+        levels.append(n)
+        n *= 2
+    return [*levels, limit]
+
+
+def markdown(result: dict) -> str:
+    lines = ["| sessions | round trip p50 / p95 / p99 ms | engine step ms | overhead p50 / p99 ms | mean batch | "
+             "dropped | late (>80 ms) | server CPU cores | server RSS MB |",
+             "|---:|---|---:|---|---:|---:|---:|---:|---:|"]
+    for r in result["levels"]:
+        rt, oh = r["round_trip_ms"], r["overhead_ms"]
+        lines.append(f"| {r['sessions']} | {rt['p50']} / {rt['p95']} / {rt['p99']} | {r['engine_step_ms']} | "
+                     f"{oh['p50']} / {oh['p99']} | {r['batch_mean']} | {r['frames_dropped']} | {r['frames_late']} | "
+                     f"{r['server_cpu_cores']} | {r['server_rss_mb']} |")
+    lines.append(f"\nlargest N with p99 round trip <= 80 ms: {result['max_sessions_p99_under_80ms']}")
+    return "\n".join(lines)

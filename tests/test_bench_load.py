@@ -1,0 +1,28 @@
+"""`kame bench load` against a real server: it reports latency, overhead, CPU and RSS per level."""
+
+from __future__ import annotations
+
+import json
+
+from kame.cli import main
+
+from .server_harness import running_server
+
+
+def test_bench_load_reports_every_level(tmp_path, capsys):
+    out = tmp_path / "load.json"
+    with running_server(asr="none", max_sessions=2, frontend="tiny") as (url, _):
+        code = main(["bench", "load", "--url", url + "/api/chat", "--levels", "1,2", "--seconds", "2",
+                     "--json-out", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert [level["sessions"] for level in result["levels"]] == [1, 2]
+    for level in result["levels"]:
+        assert level["refused"] == 0 and level["frames_sent"] >= 2 * 12 * level["sessions"]
+        assert level["frames_dropped"] <= level["sessions"]  # at most the last frame in flight
+        rt = level["round_trip_ms"]
+        assert 0 < rt["p50"] <= rt["p95"] <= rt["p99"]
+        assert level["engine_step_ms"] > 0 and level["server_rss_mb"] > 100
+        assert level["overhead_ms"]["p50"] == round(rt["p50"] - level["engine_step_ms"], 2)
+    assert result["max_sessions_p99_under_80ms"] in (0, 1, 2)
+    assert "| sessions |" in capsys.readouterr().out
