@@ -55,9 +55,9 @@ class ErrorMessage:
 ServerMessage = AudioMessage | TextMessage | EventMessage | ErrorMessage
 
 
-def session_url(url: str, events: bool, audio: str, backend: str | None) -> str:
+def session_url(url: str, events: bool, audio: str, backend: str | None, extra: dict | None = None) -> str:
     parts = urlsplit(url)
-    query = dict(parse_qsl(parts.query))
+    query = dict(parse_qsl(parts.query)) | {k: str(v) for k, v in (extra or {}).items()}
     if events:
         query["events"] = "1"
     if audio != "opus":
@@ -74,11 +74,12 @@ class KameClient:
 
     @classmethod
     async def connect(cls, url: str, events: bool = True, audio: str = "opus", backend: str | None = None,
-                      open_timeout: float = 30.0) -> KameClient:
-        """Connect and wait for the server's handshake."""
+                      open_timeout: float = 30.0, options: dict | None = None) -> KameClient:
+        """Connect and wait for the server's handshake. `options`: more query parameters
+        (`asr=off`, `oracle_delay=SECONDS`, `token=...`)."""
         try:
-            ws = await websockets.connect(session_url(url, events, audio, backend), open_timeout=open_timeout,
-                                          max_size=None)
+            ws = await websockets.connect(session_url(url, events, audio, backend, options),
+                                          open_timeout=open_timeout, max_size=None)
         except InvalidStatus as exc:
             if exc.response.status_code == 503:
                 raise ServerBusy(exc.response.body.decode(errors="replace")) from exc

@@ -65,10 +65,11 @@ async def converse(
     system_prompt: str | None = None,
     on_item: Callable[[tuple[float, str, object]], None] | None = None,
     max_ahead_frames: int = 6,
+    options: dict | None = None,
 ) -> Conversation:
     """Send `pcm` (24 kHz) then `tail_s` of silence; real-time pace, or as fast as the server
     answers (`realtime=False`: at most `max_ahead_frames` frames ahead of the audio received)."""
-    client = await KameClient.connect(url, events=True, backend=backend)
+    client = await KameClient.connect(url, events=True, backend=backend, options=options)
     if system_prompt is not None:
         await client.configure(system_prompt=system_prompt)
     conv = Conversation(started=time.monotonic())

@@ -21,6 +21,7 @@ import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from websockets.exceptions import ConnectionClosed
 
+from kame.asr import NoAsr
 from kame.asr.events import AsrFailure, FinalTranscript, PartialTranscript
 from kame.backend.planner import (
     AttemptFinished,
@@ -76,13 +77,22 @@ class SessionOptions:
     events: bool = False  # send JSON events (kind 7)
     audio: str = "opus"  # "opus" (Moshi's) or "pcm" (raw PCM16, kind 9)
     backend: str | None = None
+    asr: bool = True  # False (?asr=off): no transcripts, no oracle: the front-end alone (plain Moshi)
+    oracle_delay_s: float = 0.0  # hold every oracle update back this long (latency experiments)
 
     @classmethod
     def from_query(cls, params) -> SessionOptions:
         audio = params.get("audio", "opus")
         if audio not in ("opus", "pcm"):
             raise ProtocolError(f"audio must be 'opus' or 'pcm', not {audio!r}")
-        return cls(params.get("events", "0").lower() in ("1", "true", "yes"), audio, params.get("backend"))
+        try:
+            delay = float(params.get("oracle_delay", "0"))
+        except ValueError as exc:
+            raise ProtocolError("oracle_delay must be a number of seconds") from exc
+        if not 0 <= delay <= 30:
+            raise ProtocolError("oracle_delay must be between 0 and 30 seconds")
+        return cls(params.get("events", "0").lower() in ("1", "true", "yes"), audio, params.get("backend"),
+                   params.get("asr", "on").lower() not in ("off", "0", "none", "false"), delay)
 
 
 class Session:
@@ -128,7 +138,7 @@ class Session:
         metrics = services.metrics
         metrics.sessions_total.inc()
         metrics.active_sessions.inc()
-        asr_stream = services.asr.open_stream()
+        asr_stream = services.asr.open_stream() if self.options.asr else NoAsr().open_stream()
         self.planner = Planner(services.llm(self.backend), services.frontend.tokenizer, self._send_oracle,
                                self._on_planner_event, self.settings.planner_config())
         logger.info("session %s started (slot %d, backend %s)", self.id, handle.slot, self.backend)
@@ -348,7 +358,14 @@ class Session:
     # ---------------------------------------------------------------- planner -> client
 
     def _send_oracle(self, update) -> None:
-        self.handle.push_oracle(update)
+        if self.options.oracle_delay_s > 0:
+            self._loop.call_later(self.options.oracle_delay_s, self._push_late, update)
+        else:
+            self.handle.push_oracle(update)
+
+    def _push_late(self, update) -> None:
+        if not self.handle.closed:
+            self.handle.push_oracle(update)
 
     def _on_planner_event(self, event: PlannerEvent) -> None:
         metrics = self.services.metrics

@@ -1,0 +1,74 @@
+"""`kame eval mtbench` end to end: tiny-copy server, the scripted LLM as backend, another as judge."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from kame.cli import main
+from kame.eval.mtbench import load_questions, parse_rating
+from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
+
+QUESTIONS = load_questions(("reasoning",), 3)
+RATINGS = {QUESTIONS[0]["question"]: "Correct and clear. Rating: [[8]]",
+           QUESTIONS[1]["question"]: "Partly right. [[6]]",
+           QUESTIONS[2]["question"]: "I cannot decide on a number."}  # never parseable: must count as missing
+
+
+def judge_reply(body: dict) -> ScriptedReply:
+    prompt = body["messages"][-1]["content"]
+    return ScriptedReply(text=next(v for k, v in RATINGS.items() if k in prompt))
+
+
+@pytest.fixture(scope="module")
+def judge():
+    server = ScriptedOpenAIServer(judge_reply)
+    server.start_in_thread()
+    yield server
+    server.stop_thread()
+
+
+def test_strict_rating_parser():
+    assert parse_rating("fine [[7]]") == 7 and parse_rating("[[9.5]]") == 9.5
+    assert parse_rating("[[7]] or maybe [[8]]") is None and parse_rating("[[11]]") is None
+    assert parse_rating("Rating: 7") is None and parse_rating("[[0]]") is None
+
+
+def test_three_question_eval_end_to_end(tandem_server, judge, tmp_path, capsys):
+    url, _ = tandem_server
+    out = tmp_path / "eval"
+    args = ["eval", "mtbench", "--url", url + "/api/chat", "--out", str(out), "--categories", "reasoning",
+            "--limit", "3", "--profiles", "scripted", "--delays", "1", "--fast", "--tail", "2",
+            "--judge-base-url", judge.base_url, "--judge-model", "judge", "--judge-api-key-env", "",
+            "--judge-retries", "1"]
+    assert main(args) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert len(results) == 9  # 3 questions x (front-end alone, tandem, tandem +1 s)
+    assert {r["mode"] for r in results} == {"moshi (front-end alone)", "tandem scripted", "tandem scripted +1s"}
+    by_question = {r["question"]: r["score"] for r in results if r["mode"] == "tandem scripted"}
+    assert [by_question[q["question"]] for q in QUESTIONS] == [8.0, 6.0, None]
+    broken = next(r for r in results if r["question"] == QUESTIONS[2]["question"])
+    assert len(broken["judgements"]) == 2  # asked again once, then counted as missing
+    baseline = [r for r in results if r["mode"] == "moshi (front-end alone)"]
+    assert all(not r["transcripts"] and not r["oracle"] for r in baseline)  # no ASR, no oracle
+    tandem = [r for r in results if r["mode"] == "tandem scripted"]
+    assert all(r["transcripts"] for r in tandem)
+
+    report = (out / "report.md").read_text()
+    rows: dict[str, str] = {}
+    for line in report.splitlines():  # the score table comes first; the latency table repeats the modes
+        if line.startswith("| "):
+            rows.setdefault(line.split("|")[1].strip(), line)
+    for mode in ("moshi (front-end alone)", "tandem scripted", "tandem scripted +1s"):
+        cells = [c.strip() for c in rows[mode].split("|")[2:-1]]
+        assert cells == ["7.0", "7.0", "1"]  # reasoning, all, missing: the judge's 8 and 6; the 3rd missing
+    assert "| KAME + gpt-4.1 (paper) | 6.43 |" in report
+    assert (out / "delay_curve.png").stat().st_size > 1000 and "delay_curve.png" in report
+
+    requests = len(judge.requests)
+    assert main(args) == 0  # resumable: a rerun redoes nothing
+    assert len(judge.requests) == requests
+    assert len(json.loads((out / "results.json").read_text())) == 9
+    assert re.search(r"wrote .*report.md", capsys.readouterr().out)
