@@ -24,6 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--llm-base-url", default=None, help="an ad-hoc OpenAI-compatible endpoint ...")
     serve.add_argument("--llm-model", default=None, help="... and its model (together: profile 'custom')")
     serve.add_argument("--llm-api-key-env", default=None, help="env var holding its key (default OPENAI_API_KEY)")
+    serve.add_argument("--record", default=None, metavar="DIR",
+                       help="keep each session's audio and events in DIR (stores users' voices: off by default)")
     serve.add_argument("--auth-token", action="append", default=None, metavar="TOKEN",
                        help="accept clients with this bearer token (repeatable); required off loopback")
     serve.set_defaults(func=run_serve)
@@ -42,7 +44,7 @@ def run_serve(args: argparse.Namespace) -> int:
         args.config, host=args.host, port=args.port, frontend=args.frontend, device=args.device,
         max_sessions=args.max_sessions, asr=args.asr, asr_model=args.asr_model, llm=args.llm,
         llm_base_url=args.llm_base_url, llm_model=args.llm_model, llm_api_key_env=args.llm_api_key_env,
-        auth_tokens=args.auth_token)
+        auth_tokens=args.auth_token, record_dir=args.record)
     services = Services.start(settings)  # load and warm everything before the port opens
     # uvicorn's legacy websockets implementation: its sans-io successor logs a spurious error after
     # the HTTP 503 denial response that refuses a session when all slots are busy

@@ -54,6 +54,7 @@ from kame.protocol import (
     encode_event,
     parse_client_message,
 )
+from server.recorder import SessionRecorder
 from server.send_queue import SendQueue
 from server.services import Services
 
@@ -118,6 +119,7 @@ class Session:
         self.handle: SlotHandle | None = None
         self.planner: Planner | None = None
         self._asr_ok = True
+        self._recorder: SessionRecorder | None = None
         self.ended = asyncio.Event()
         self._started = time.monotonic()
         self._closing: str | None = None
@@ -142,6 +144,11 @@ class Session:
         self.planner = Planner(services.llm(self.backend), services.frontend.tokenizer, self._send_oracle,
                                self._on_planner_event, self.settings.planner_config())
         logger.info("session %s started (slot %d, backend %s)", self.id, handle.slot, self.backend)
+        if self.settings.record_dir is not None:
+            self._recorder = SessionRecorder(self.settings.record_dir, self.id, {
+                "frontend": services.frontend.source, "asr": services.asr.name if self.options.asr else "none",
+                "backend": self.backend, "oracle_delay_s": self.options.oracle_delay_s,
+                "system_prompt": self.planner.system_prompt})
         try:
             await self._send_now(encode(Kind.HANDSHAKE))
             self._event(ReadyEvent(
@@ -174,6 +181,8 @@ class Session:
             await self.planner.aclose()
             metrics.active_sessions.dec()
             metrics.free_slots.set(services.runner.free_slots)
+            if self._recorder is not None:
+                self._recorder.close()
             self.ended.set()
             logger.info("session %s ended after %d frames", self.id, self.frames_in)
 
@@ -225,6 +234,8 @@ class Session:
             return
         now = time.monotonic()
         self._samples_in += len(pcm)
+        if self._recorder is not None:
+            self._recorder.write_input(pcm)
         self._audio_wall.append((self._samples_in / SAMPLE_RATE, now))
         if self._asr_ok:
             asr_stream.push_pcm(pcm)
@@ -255,6 +266,8 @@ class Session:
                 raise _EngineFailed from output
             self._account_latency()
             self.frames_out += 1
+            if self._recorder is not None:
+                self._recorder.write_output(output.pcm)
             if self.options.audio == "pcm":
                 self._send.put(encode(Kind.PCM, pcm16_encode(output.pcm)), droppable=True)
             elif opus := self._opus_out.encode(output.pcm):
@@ -263,6 +276,8 @@ class Session:
                 piece = piece_text(tokenizer, output.text_token)
                 self._send.put(encode(Kind.TEXT, piece.encode()))
                 self.planner.on_assistant_text(piece)
+                if self._recorder is not None:
+                    self._recorder.write_event({"type": "text", "frame": output.frame, "text": piece})
             for applied in output.applied:
                 self._on_applied(applied)
 
@@ -391,6 +406,8 @@ class Session:
     # ---------------------------------------------------------------- helpers
 
     def _event(self, event) -> None:
+        if self._recorder is not None:
+            self._recorder.write_event(event.model_dump(exclude_none=True))
         if self.options.events:
             self._send.put(encode_event(event))
 

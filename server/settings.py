@@ -90,6 +90,7 @@ class ServerSettings(BaseSettings):
     breaker_failures: int = Field(5, ge=1)  # LLM failures in a row (per profile) that open its circuit ...
     breaker_cooldown_s: float = Field(30.0, gt=0)  # ... for this long
     shutdown_timeout_s: float = Field(10.0, ge=0)  # on SIGTERM, sessions get this long to finish
+    record_dir: Path | None = None  # keep every session's audio and events here (privacy: off by default)
 
     @property
     def auth_required(self) -> bool:

@@ -72,3 +72,40 @@ def test_three_question_eval_end_to_end(tandem_server, judge, tmp_path, capsys):
     assert len(judge.requests) == requests
     assert len(json.loads((out / "results.json").read_text())) == 9
     assert re.search(r"wrote .*report.md", capsys.readouterr().out)
+
+
+def test_record_then_replay_with_another_backend(scripted_llm, voices, tmp_path, capsys):
+    from kame.audio import write_wav
+    from server.settings import ProfileSettings
+
+    from .server_harness import running_server
+
+    other = ScriptedOpenAIServer(default=ScriptedReply(text="A different answer entirely."))
+    other.start_in_thread()
+    profiles = {"scripted": ProfileSettings(base_url=scripted_llm.base_url, model="s", api_key_env=None),
+                "other": ProfileSettings(base_url=other.base_url, model="o", api_key_env=None)}
+    question = tmp_path / "q.wav"
+    write_wav(question, voices["france"])
+    try:
+        with running_server(asr="whisper", llm="scripted", profiles=profiles,
+                            record_dir=str(tmp_path / "rec")) as (url, _):
+            assert main(["client", "--url", url + "/api/chat", "--input", str(question), "--output",
+                         str(tmp_path / "a.wav"), "--fast", "--tail", "4"]) == 0
+            capsys.readouterr()
+            (session,) = list((tmp_path / "rec").iterdir())
+            import sphn
+
+            recorded_in, _ = sphn.read(str(session / "input.wav"))
+            assert abs(recorded_in.shape[1] - (len(voices["france"]) + 4 * 24000)) <= 1920
+            events = [json.loads(line) for line in (session / "events.jsonl").read_text().splitlines()]
+            kinds = {e["type"] for e in events}
+            assert {"session", "transcript", "llm", "oracle", "text"} <= kinds
+            assert (session / "output.wav").stat().st_size > 10000
+            assert main(["replay", str(tmp_path / "rec"), "--llm", "other", "--url", url + "/api/chat",
+                         "--fast", "--tail", "3"]) == 0
+    finally:
+        other.stop_thread()
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "Paris is the capital of France" in report["recorded"]
+    assert "A different answer entirely" in report["replayed"]
+    assert (session / "replay-other" / "output.wav").is_file()
