@@ -41,6 +41,14 @@ class AsrFailure:
 TranscriptEvent = PartialTranscript | FinalTranscript | AsrFailure
 
 
+async def drain_events(queue) -> AsyncIterator[TranscriptEvent]:
+    """Yield a stream's events from its asyncio queue until None (closed) or a failure (last)."""
+    while (event := await queue.get()) is not None:
+        yield event
+        if isinstance(event, AsrFailure):
+            return
+
+
 class TranscriptStream(Protocol):
     """One session's ASR stream."""
 

@@ -19,7 +19,7 @@ import torch
 from moshi.models.lm import LMGen
 from moshi.utils.compile import no_compile
 
-from kame.asr.events import AsrFailure, FinalTranscript, PartialTranscript, TranscriptEvent
+from kame.asr.events import AsrFailure, FinalTranscript, PartialTranscript, TranscriptEvent, drain_events
 from kame.errors import EngineError
 from kame.frontend.engine import FRAME_RATE, FRAME_SIZE
 from kame.frontend.loader import Frontend, load_frontend
@@ -196,11 +196,8 @@ class KyutaiSttStream:
             self._handle.release()
         self._events.put_nowait(None)
 
-    async def __aiter__(self) -> AsyncIterator[TranscriptEvent]:
-        while (event := await self._events.get()) is not None:
-            yield event
-            if isinstance(event, AsrFailure):
-                return
+    def __aiter__(self) -> AsyncIterator[TranscriptEvent]:
+        return drain_events(self._events)
 
     # engine thread -> loop
     def _on_output_threadsafe(self, out: SttFrame) -> None:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from kame.asr.events import AsrFailure, TranscriptEvent
+from kame.asr.events import AsrFailure, TranscriptEvent, drain_events
 
 logger = logging.getLogger(__name__)
 
@@ -60,11 +60,8 @@ class ThreadedStream:
         await asyncio.to_thread(self._thread.join, 10)
         self._events.put_nowait(None)
 
-    async def __aiter__(self) -> AsyncIterator[TranscriptEvent]:
-        while (event := await self._events.get()) is not None:
-            yield event
-            if isinstance(event, AsrFailure):
-                return
+    def __aiter__(self) -> AsyncIterator[TranscriptEvent]:
+        return drain_events(self._events)
 
     # ------------------------------------------------------------ worker side
 

@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from kame.asr.events import AsrFailure
+from kame.asr.events import AsrFailure, drain_events
 from kame.backend.llm import ChatMessage, LLMError
 from kame.clock import Clock, MonotonicClock
 
@@ -91,8 +91,5 @@ class _ScriptedStream:
     async def aclose(self) -> None:
         self._events.put_nowait(None)
 
-    async def __aiter__(self):
-        while (event := await self._events.get()) is not None:
-            yield event
-            if isinstance(event, AsrFailure):
-                return
+    def __aiter__(self):
+        return drain_events(self._events)
