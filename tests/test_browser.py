@@ -57,7 +57,8 @@ def question_wav(voices, tmp_path) -> Path:
 
 
 def test_page_talks_to_the_server(tandem_server, question_wav):
-    url, _ = tandem_server
+    url, services = tandem_server
+    errors_before = services.metrics.protocol_errors._value.get()
     http = url.replace("ws://", "http://") + "/"
 
     async def scenario():
@@ -100,6 +101,8 @@ def test_page_talks_to_the_server(tandem_server, question_wav):
     stats = result["stats"]
     assert stats["framesSent"] > 20 and stats["framesReceived"] > 20 and stats["framesPlayed"] > 10
     assert result["rtt"].isdigit()
+    assert stats["uplink"] == "opus"  # Chromium has WebCodecs' Opus encoder: the microphone goes up as Ogg/Opus
+    assert services.metrics.protocol_errors._value.get() == errors_before  # every Ogg page was well formed
     assert "scripted" in result["backends"]
     assert result["status_after"] == "idle"
 

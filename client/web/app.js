@@ -1,5 +1,8 @@
-// KAME browser client: microphone -> /api/chat (raw PCM16 extension) -> gapless playback,
-// with the live transcript, oracle, assistant text and latency figures.
+// KAME browser client: microphone -> /api/chat (Ogg/Opus via WebCodecs where the browser has
+// it, else the raw PCM16 extension) -> gapless playback (PCM16 from the server), with the live
+// transcript, oracle, assistant text and latency figures.
+import { createOpusUplink } from "./ogg-opus.js";
+
 const KIND = { HANDSHAKE: 0, AUDIO: 1, TEXT: 2, ERROR: 5, EVENT: 7, CONTROL: 8, PCM: 9 };
 const RATE = 24000;
 const FRAME = 1920;
@@ -13,7 +16,7 @@ const ui = {
 };
 
 // test hooks and figures (read by the browser test)
-window.kameStats = { framesSent: 0, framesReceived: 0, framesPlayed: 0, events: 0 };
+window.kameStats = { framesSent: 0, framesReceived: 0, framesPlayed: 0, events: 0, uplink: null };
 
 let session = null;
 
@@ -98,6 +101,8 @@ class Session {
     this.source.connect(this.capture);
     setStatus("connecting");
     await this.connect();
+    this.uplink = await createOpusUplink(RATE, (page) => this.sendAudio(KIND.AUDIO, page));
+    window.kameStats.uplink = this.uplink ? "opus" : "pcm16";
     this.capture.port.onmessage = (e) => this.onMicFrame(e.data);
   }
 
@@ -131,7 +136,8 @@ class Session {
     for (const v of frame) sum += v * v;
     ui.level.value = Math.min(1, Math.sqrt(sum / frame.length) * 10);
     if (this.ws.readyState !== WebSocket.OPEN) return;
-    this.ws.send(toPcm16(frame));
+    if (this.uplink) this.uplink.encode(frame);
+    else this.ws.send(toPcm16(frame));
     this.sentAt.push(performance.now());
     window.kameStats.framesSent += 1;
   }
@@ -193,6 +199,14 @@ class Session {
     if (event.final) this.partial = null;
   }
 
+  sendAudio(kind, bytes) {
+    if (this.ws.readyState !== WebSocket.OPEN) return;
+    const out = new Uint8Array(bytes.length + 1);
+    out[0] = kind;
+    out.set(bytes, 1);
+    this.ws.send(out);
+  }
+
   configure() {
     const message = { type: "configure", backend: ui.backend.value, system_prompt: ui.prompt.value };
     const body = new TextEncoder().encode(JSON.stringify(message));
@@ -204,6 +218,7 @@ class Session {
 
   stop() {
     this.closedByUser = true;
+    if (this.uplink) this.uplink.close();
     if (this.ws && this.ws.readyState <= WebSocket.OPEN) this.ws.close();
     if (this.stream) this.stream.getTracks().forEach((t) => t.stop());
     if (this.context) this.context.close();
