@@ -28,11 +28,15 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     load.set_defaults(func=run_load)
 
 
+def http_base(url: str) -> str:
+    """The server's HTTP address, from its websocket URL."""
+    parts = urlsplit(url)
+    return f"{'https' if parts.scheme == 'wss' else 'http'}://{parts.netloc}"
+
+
 def scrape(url: str) -> dict[str, float]:
     """A few figures from the server's /metrics."""
-    parts = urlsplit(url)
-    scheme = "https" if parts.scheme == "wss" else "http"
-    text = urllib.request.urlopen(f"{scheme}://{parts.netloc}/metrics", timeout=5).read().decode()
+    text = urllib.request.urlopen(f"{http_base(url)}/metrics", timeout=5).read().decode()
     wanted = {"process_cpu_seconds_total": "cpu_s", "process_resident_memory_bytes": "rss_bytes",
               "kame_engine_step_seconds_sum": "step_sum", "kame_engine_step_seconds_count": "step_count",
               "kame_frames_stepped_total": "frames_stepped"}
@@ -46,8 +50,7 @@ def scrape(url: str) -> dict[str, float]:
 
 def wait_for_free_slots(url: str, wanted: int, limit_s: float = 10.0) -> None:
     """The previous level's sessions release their slots asynchronously: wait for them."""
-    parts = urlsplit(url)
-    health_url = f"{'https' if parts.scheme == 'wss' else 'http'}://{parts.netloc}/healthz"
+    health_url = f"{http_base(url)}/healthz"
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         health = json.loads(urllib.request.urlopen(health_url, timeout=5).read())

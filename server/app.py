@@ -165,12 +165,15 @@ async def run_session(ws: WebSocket, services: Services, access: AccessControl, 
     except EngineError:
         await _refuse(ws, services, busy)
         return
+    try:
+        await ws.accept()
+    except BaseException:
+        handle.release()  # from here on, the session owns the slot and releases it
+        raise
     ip = access.enter(ws)
     sessions.add(session)
     try:
-        await ws.accept()
         await session.run(handle)
     finally:
-        handle.release()
         sessions.discard(session)
         access.leave(ip)
