@@ -90,6 +90,10 @@ class ScriptedOpenAIServer:
             ready.set()
             loop.run_forever()
             loop.run_until_complete(self.stop())
+            pending = asyncio.all_tasks(loop)  # e.g. a scripted stall still sleeping
+            for task in pending:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.close()
 
         self._thread = threading.Thread(target=run, name="scripted-openai", daemon=True)
