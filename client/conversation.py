@@ -74,12 +74,16 @@ async def converse(
         await client.configure(system_prompt=system_prompt)
     conv = Conversation(started=time.monotonic())
     received = asyncio.Event()
+    news = asyncio.Event()  # a transcript, LLM, oracle or text message (not audio, not stats)
 
     async def receive() -> None:
         async for message in client:
             item = conv.add(message)
-            if item is not None and on_item is not None:
-                on_item(item)
+            if item is not None:
+                if on_item is not None:
+                    on_item(item)
+                if not (item[1] == "event" and item[2].get("type") == "stats"):
+                    news.set()
             received.set()
 
     receiver = asyncio.create_task(receive(), name="client-receive")
@@ -106,6 +110,15 @@ async def converse(
             await asyncio.wait_for(received.wait(), deadline - time.monotonic())
         except TimeoutError:
             break
+    # sent faster than real time, the ASR and the LLM may still be catching up: wait for 1 s of quiet
+    quiet_deadline = time.monotonic() + 10.0
+    while time.monotonic() < quiet_deadline:
+        news.clear()
+        try:
+            await asyncio.wait_for(news.wait(), 1.0)
+        except TimeoutError:
+            break
     await client.close()
     await receiver
     return conv
+

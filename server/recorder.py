@@ -2,8 +2,8 @@
 
 Per session, DIR/<session id>/: `input.wav` (the user's audio, 24 kHz), `output.wav` (the
 assistant's), `events.jsonl` (transcripts, LLM attempts, oracle updates with their frames, the
-assistant's text pieces, each with its time). It stores people's voices and words: off by
-default, and say so to your users when you turn it on.
+assistant's text pieces, each with its time; an `end` event once the session is over). It
+stores people's voices and words: off by default; tell your users when you turn it on.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class SessionRecorder:
         self.folder.mkdir(parents=True, exist_ok=True)
         self._input = soundfile.SoundFile(self.folder / "input.wav", "w", SAMPLE_RATE, 1, "PCM_16")
         self._output = soundfile.SoundFile(self.folder / "output.wav", "w", SAMPLE_RATE, 1, "PCM_16")
-        self._events = (self.folder / "events.jsonl").open("w")
+        self._events = (self.folder / "events.jsonl").open("w", buffering=1)  # line by line: readable live
         self._started = time.monotonic()
         self.write_event({"type": "session", **meta})
 
@@ -38,5 +38,7 @@ class SessionRecorder:
         self._events.write(json.dumps({"t": round(time.monotonic() - self._started, 3), **event}) + "\n")
 
     def close(self) -> None:
-        for handle in (self._input, self._output, self._events):
-            handle.close()
+        self._input.close()
+        self._output.close()
+        self.write_event({"type": "end"})  # the recording is complete: the WAV files are final
+        self._events.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 
@@ -93,6 +94,10 @@ def test_record_then_replay_with_another_backend(scripted_llm, voices, tmp_path,
                          str(tmp_path / "a.wav"), "--fast", "--tail", "4"]) == 0
             capsys.readouterr()
             (session,) = list((tmp_path / "rec").iterdir())
+            deadline = time.monotonic() + 20
+            while '"type": "end"' not in (session / "events.jsonl").read_text():  # the session is over
+                assert time.monotonic() < deadline, "the recording was never completed"
+                time.sleep(0.1)
             import sphn
 
             recorded_in, _ = sphn.read(str(session / "input.wav"))
