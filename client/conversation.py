@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from client.client import AudioMessage, ErrorMessage, EventMessage, KameClient, ServerMessage, TextMessage
-
-FRAME = 1920
-RATE = 24000
+from kame.protocol import FRAME_SIZE as FRAME
+from kame.protocol import SAMPLE_RATE as RATE
 
 
 @dataclass

@@ -12,9 +12,9 @@ import numpy as np
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from client.client import AudioMessage, KameClient, ServerBusy
+from kame.protocol import FRAME_SIZE as FRAME
+from kame.protocol import SAMPLE_RATE as RATE
 from kame.protocol import Kind, encode
-
-FRAME, RATE = 1920, 24000
 
 
 @dataclass

@@ -12,8 +12,8 @@ import numpy as np
 from client.cli import describe_event
 from client.client import AudioMessage, ErrorMessage, EventMessage, KameClient, TextMessage
 from kame.errors import KameError
-
-RATE, FRAME = 24000, 1920
+from kame.protocol import FRAME_SIZE as FRAME
+from kame.protocol import SAMPLE_RATE as RATE
 
 
 def _sounddevice():

@@ -9,8 +9,8 @@ import sphn
 
 from kame.errors import AudioFileError
 
-SAMPLE_RATE = 24000
-FRAME_SIZE = 1920
+SAMPLE_RATE = 24000  # Mimi's rate: every audio stream of the project
+FRAME_SIZE = 1920  # samples per 80 ms frame
 
 
 def read_audio(path: str | Path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:

@@ -15,6 +15,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from kame.audio import FRAME_SIZE, SAMPLE_RATE  # named once in kame.audio; clients take them from here
+
 
 class Kind(enum.IntEnum):
     HANDSHAKE = 0
@@ -27,10 +29,6 @@ class Kind(enum.IntEnum):
     EVENT = 7  # extension, server -> client: one JSON event
     CLIENT_JSON = 8  # extension, client -> server: one JSON control message
     PCM = 9  # extension, both ways when ?audio=pcm: little-endian int16 PCM, 24 kHz mono
-
-
-SAMPLE_RATE = 24000
-FRAME_SIZE = 1920  # samples per 80 ms frame
 
 
 class ProtocolError(ValueError):

@@ -20,14 +20,13 @@ import torch
 from moshi.models.lm import LMGen
 from moshi.utils.compile import no_compile
 
+from kame.audio import FRAME_SIZE, SAMPLE_RATE
 from kame.errors import EngineError
 from kame.frontend.loader import Frontend
 from kame.frontend.oracle import AppliedUpdate, OracleTimeline, OracleUpdate
 
 logger = logging.getLogger(__name__)
 
-SAMPLE_RATE = 24000
-FRAME_SIZE = 1920  # samples per 80 ms frame at 24 kHz
 FRAME_RATE = SAMPLE_RATE / FRAME_SIZE
 UNGENERATED = -2  # LMGen's marker for a slot still inside its own start-up delay
 
