@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -17,15 +16,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from client.loadgen import soak
-from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
+from kame.testing.openai_server import ScriptedOpenAIServer, faulty_script
 from kame.testing.speech import speech
 from server.settings import ProfileSettings
-from tests.server_harness import running_server
-
-
-def rss_mb() -> float:
-    status = Path("/proc/self/status").read_text()
-    return next(int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmRSS:"))
+from tests.server_harness import rss_mb, running_server
 
 
 def main() -> int:
@@ -34,10 +28,7 @@ def main() -> int:
     parser.add_argument("--good", type=int, default=3, help="good sessions (default 3)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    rng = random.Random(args.seed)
-    faults = [ScriptedReply(status=500), ScriptedReply(status=429, retry_after="1"), ScriptedReply(cut_after=2),
-              ScriptedReply(stall_after=1), ScriptedReply(malformed_after=1), ScriptedReply(text="Fine, thanks.")]
-    llm = ScriptedOpenAIServer(lambda body: rng.choice(faults))
+    llm = ScriptedOpenAIServer(faulty_script(args.seed))
     llm.start_in_thread()
     voice = speech("How many legs does a spider have?", Path.home() / ".cache" / "kame-tts")
     profiles = {"faulty": ProfileSettings(base_url=llm.base_url, model="m", api_key_env=None,

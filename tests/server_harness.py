@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import uvicorn
@@ -73,3 +75,16 @@ async def stream_realtime(client: KameClient, pcm: np.ndarray, chunk: int = 1920
         if delay > 0:
             await asyncio.sleep(delay)
     return start, time.monotonic()
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on (for a server to start on, or to be refused by)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rss_mb() -> float:
+    """This process's resident memory."""
+    status = Path("/proc/self/status").read_text()
+    return next(int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmRSS:"))

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 
 from kame.backend.llm import ChatMessage, LLMError, OpenAICompatibleLLM, api_key_for
 from kame.backend.profiles import DEFAULT_PROFILES, BackendProfile
 from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
+
+from .server_harness import free_port
 
 HELLO = [ChatMessage("system", "be brief"), ChatMessage("user", "user: what is the capital of")]
 
@@ -68,9 +69,7 @@ def test_faults_become_typed_errors(reply, kind, retry):
 
 
 def test_connection_refused_and_dns_failure():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     for url in (f"http://127.0.0.1:{port}/v1", "http://no-such-host.invalid/v1"):
         with pytest.raises(LLMError) as info:
             asyncio.run(collect(OpenAICompatibleLLM(profile(url))))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,8 @@ from safetensors.torch import load_file, save_file
 from kame.errors import FrontendLoadError
 from kame.frontend.loader import ORACLE_KEY, load_frontend
 from kame.frontend.presets import TINY_COPY_DIR
+
+from .server_harness import free_port
 
 
 @pytest.fixture
@@ -126,9 +127,7 @@ def test_offline_hub_gives_a_clear_error(tmp_path):
 
 
 def test_unreachable_hub_gives_a_clear_error(tmp_path):
-    with socket.socket() as sock:  # a loopback port with nobody listening
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # a loopback port with nobody listening
     with pytest.raises(FrontendLoadError, match="unreachable") as info:
         load_frontend("SakanaAI/kame", "cpu", hf_cache_dir=tmp_path / "empty", local_files_only=False,
                       hf_endpoint=f"http://127.0.0.1:{port}")

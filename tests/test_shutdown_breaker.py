@@ -21,8 +21,8 @@ from kame.clock import ManualClock
 from kame.testing.fakes import FakeLLM, FakeReply
 from server.settings import SettingsError, load_settings
 
-from .server_harness import Recording, record, stream_realtime
-from .test_first_run import free_port, wait_healthy
+from .server_harness import Recording, free_port, record, stream_realtime
+from .test_first_run import wait_healthy
 
 
 def test_sigterm_tells_clients_and_exits_cleanly(tmp_path):

@@ -4,34 +4,20 @@ The long version: scripts/soak.py --minutes N."""
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 import urllib.request
-from pathlib import Path
 
 from client.loadgen import soak
-from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
+from kame.testing.openai_server import ScriptedOpenAIServer, faulty_script
 from server.settings import ProfileSettings
 
-from .server_harness import running_server
+from .server_harness import rss_mb, running_server
 
 SECONDS = 20
 
 
-def faulty_llm(seed: int = 0):
-    rng = random.Random(seed)
-    faults = [ScriptedReply(status=500), ScriptedReply(status=429, retry_after="1"), ScriptedReply(cut_after=2),
-              ScriptedReply(stall_after=1), ScriptedReply(malformed_after=1), ScriptedReply(text="Fine, thanks.")]
-    return ScriptedOpenAIServer(lambda body: rng.choice(faults))
-
-
-def rss_mb() -> float:
-    status = Path("/proc/self/status").read_text()
-    return next(int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmRSS:"))
-
-
 def test_short_soak(voices):
-    llm = faulty_llm()
+    llm = ScriptedOpenAIServer(faulty_script(0))
     llm.start_in_thread()
     profiles = {"faulty": ProfileSettings(base_url=llm.base_url, model="m", api_key_env=None,
                                           first_token_timeout_s=1.0, token_timeout_s=0.5)}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 import threading
 import time
@@ -143,3 +144,12 @@ def _sse(model: str, delta: dict, finish: str | None = None) -> bytes:
     chunk = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": 0, "model": model,
              "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
     return f"data: {json.dumps(chunk)}\n\n".encode()
+
+
+def faulty_script(seed: int = 0) -> Script:
+    """A flaky upstream for soak tests: random 500, 429 with Retry-After, cuts, stalls, garbage,
+    and now and then a good answer."""
+    rng = random.Random(seed)
+    faults = [ScriptedReply(status=500), ScriptedReply(status=429, retry_after="1"), ScriptedReply(cut_after=2),
+              ScriptedReply(stall_after=1), ScriptedReply(malformed_after=1), ScriptedReply(text="Fine, thanks.")]
+    return lambda body: rng.choice(faults)
