@@ -28,7 +28,6 @@ from kame.frontend.oracle import AppliedUpdate, OracleTimeline, OracleUpdate
 logger = logging.getLogger(__name__)
 
 FRAME_RATE = SAMPLE_RATE / FRAME_SIZE
-UNGENERATED = -2  # LMGen's marker for a slot still inside its own start-up delay
 
 
 @dataclass(frozen=True)
@@ -96,18 +95,12 @@ class BatchedEngine:
         self._frames = [0] * batch_size
         self._pending: list[deque[OracleUpdate]] = [deque() for _ in range(batch_size)]
         self._active: set[int] = set()
-        self.late_oracle_tokens = 0  # appended after their position had passed (never seen)
-        self.dropped_oracle_updates = 0  # stale appends
 
     # -------------------------------------------------------------- slots
 
     @property
     def free_slots(self) -> int:
         return self.batch_size - len(self._active)
-
-    @property
-    def active_slots(self) -> frozenset[int]:
-        return frozenset(self._active)
 
     def acquire(self) -> int:
         """Take a free slot, reset to a clean start (codec, LM and oracle state)."""
@@ -192,10 +185,7 @@ class BatchedEngine:
     def _apply_pending(self, slot: int) -> tuple[AppliedUpdate, ...]:
         results = []
         while self._pending[slot]:
-            result = self._timelines[slot].apply(self._pending[slot].popleft(), self._frames[slot])
-            self.late_oracle_tokens += result.late_tokens
-            self.dropped_oracle_updates += not result.accepted
-            results.append(result)
+            results.append(self._timelines[slot].apply(self._pending[slot].popleft(), self._frames[slot]))
         return tuple(results)
 
     def _encode(self, pcm: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
