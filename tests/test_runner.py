@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import time
 
 import numpy as np
 import pytest
 
 from kame.errors import EngineError
-from kame.frontend.engine import BatchedEngine, GenerationConfig
+from kame.frontend.engine import FRAME_SIZE, BatchedEngine, GenerationConfig
 from kame.frontend.oracle import OracleUpdate
-from kame.frontend.runner import EngineRunner
+from kame.frontend.runner import EngineRunner, _Stamped
 
 from .conftest import noise_frames
 from .test_engine import assert_same, run_alone
@@ -25,7 +29,8 @@ async def open_slot(runner: EngineRunner):
     return handle, queue
 
 
-def test_two_async_sessions_are_stepped_together(tiny, rng):
+@pytest.mark.parametrize("clock", ["eager", "tick"])
+def test_two_async_sessions_are_stepped_together(tiny, rng, clock):
     frames_a, frames_b = noise_frames(rng, 8), noise_frames(rng, 8)
     alone_a = run_alone(tiny, frames_a, {0: OracleUpdate.reset(0, (10, 11, 12))})
     alone_b = run_alone(tiny, frames_b, {})
@@ -47,9 +52,13 @@ def test_two_async_sessions_are_stepped_together(tiny, rng):
         return got_a, got_b
 
     try:
-        with EngineRunner(engine, batch_window_s=1.0) as runner:
+        with EngineRunner(engine, batch_window_s=1.0, clock=clock) as runner:
             got_a, got_b = asyncio.run(scenario(runner))
-            assert runner.steps == len(frames_a)  # one batched step per frame for both sessions
+            if clock == "eager":  # waits for both: one batched step per frame for both sessions
+                assert runner.steps == len(frames_a)
+            else:  # the first frame after idle is stepped at once, alone; the others tick together
+                assert runner.steps <= len(frames_a) + 1
+            assert runner.stats.frames_stepped == 2 * len(frames_a)
             assert runner.free_slots == 3
     finally:
         engine.close()
@@ -57,7 +66,8 @@ def test_two_async_sessions_are_stepped_together(tiny, rng):
     assert_same(got_b, alone_b)
 
 
-def test_a_lone_session_does_not_wait_for_idle_slots(tiny, rng):
+@pytest.mark.parametrize("clock", ["eager", "tick"])
+def test_a_lone_session_does_not_wait_for_idle_slots(tiny, rng, clock):
     engine = BatchedEngine(tiny, batch_size=2, gen=GREEDY)
 
     async def scenario(runner: EngineRunner):
@@ -66,7 +76,7 @@ def test_a_lone_session_does_not_wait_for_idle_slots(tiny, rng):
         return await asyncio.wait_for(qa.get(), 5)
 
     try:
-        with EngineRunner(engine, batch_window_s=0.01) as runner:
+        with EngineRunner(engine, batch_window_s=0.01, clock=clock) as runner:
             out = asyncio.run(scenario(runner))
     finally:
         engine.close()
@@ -135,3 +145,279 @@ def test_stopped_runner_refuses_work(tiny):
             runner.acquire(lambda out: None)
     finally:
         engine.close()
+
+
+# ------------------------------------------------------------------ slot generations
+
+ZERO = np.zeros(FRAME_SIZE, dtype=np.float32)
+
+
+def _sync(runner: EngineRunner) -> None:
+    """Return once the engine thread has run every command queued before this one."""
+    runner._call(lambda: None).result(10)
+
+
+def _no_oracle(outputs, frontend) -> bool:
+    padding = frontend.lm.text_padding_token_id
+    return all(out.applied == () and out.oracle_token == padding for out in outputs)
+
+
+def test_a_released_handle_cannot_reach_the_next_occupant(tiny, rng):
+    frames = noise_frames(rng, 4)
+    alone = run_alone(tiny, frames, {})
+    engine = BatchedEngine(tiny, batch_size=1, gen=GREEDY)
+    old_outputs, new_outputs = [], []
+    try:
+        with EngineRunner(engine, clock="eager") as runner:  # eager: all four frames are stepped
+            old = runner.acquire(old_outputs.append)
+            old.release()
+            old.release()  # idempotent
+            new = runner.acquire(new_outputs.append)
+            assert (new.slot, old.closed) == (old.slot, True)
+            assert new.generation > old.generation
+            old.push_oracle(OracleUpdate.reset(0, (10, 11, 12)))  # a late LLM answer: refused, no exception
+            old.push_frame(ZERO)
+            assert runner.stats.stale_dropped == 2
+            runner._release(old.slot, old.generation)  # a release of the old generation frees nothing
+            _sync(runner)
+            assert runner.free_slots == 0
+            for frame in frames:
+                new.push_frame(frame)
+            assert asyncio.run(_wait_for(lambda: len(new_outputs) == len(frames)))
+            new.release()
+    finally:
+        engine.close()
+    assert old_outputs == []
+    assert _no_oracle(new_outputs, tiny)
+    assert_same(new_outputs, alone)
+
+
+def test_an_update_racing_a_release_is_never_applied_to_the_next_occupant(tiny, rng):
+    engine = BatchedEngine(tiny, batch_size=1, gen=GREEDY)
+    old_outputs, new_outputs = [], []
+    gate = concurrent.futures.Future()
+    try:
+        with EngineRunner(engine) as runner, concurrent.futures.ThreadPoolExecutor(1) as pool:
+            old = runner.acquire(old_outputs.append)
+            runner._call(lambda: gate.result(10))  # the engine thread is busy while the session leaves
+            old.push_frame(ZERO)  # valid when pushed, right before the release
+            old.push_oracle(OracleUpdate.reset(0, (10, 11, 12)))
+            old.release()
+            pending = pool.submit(runner.acquire, new_outputs.append)
+            gate.set_result(None)
+            new = pending.result(10)
+            assert runner.stats.stale_dropped == 2  # left behind at the release, never stepped
+            with runner._cond:  # items of the old generation that got into the new inbox anyway
+                inbox = runner._inboxes[new.slot]
+                inbox.updates.append(_Stamped(old.generation, OracleUpdate.reset(1, (20, 21))))
+                inbox.frames.append(_Stamped(old.generation, ZERO))
+                for frame in noise_frames(rng, 3):
+                    new.push_frame(frame)
+            assert asyncio.run(_wait_for(lambda: len(new_outputs) == 3))
+            assert runner.stats.stale_dropped == 4  # dropped on the engine thread when the batch was taken
+            assert runner.stats.frames_stepped == 3
+    finally:
+        engine.close()
+    assert old_outputs == []
+    assert _no_oracle(new_outputs, tiny)
+
+
+def test_an_acquisition_given_up_by_its_caller_gives_the_slot_back(tiny):
+    engine = BatchedEngine(tiny, batch_size=1, gen=GREEDY)
+    gate = concurrent.futures.Future()
+
+    async def give_up(runner: EngineRunner) -> None:
+        waiting = asyncio.ensure_future(runner.acquire_async(lambda out: None))
+        await asyncio.sleep(0.05)
+        waiting.cancel()  # the client went away while the engine thread was busy
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+
+    try:
+        with EngineRunner(engine) as runner:
+            runner._call(lambda: gate.result(10))
+            asyncio.run(give_up(runner))
+            with pytest.raises(concurrent.futures.TimeoutError):
+                runner.acquire(lambda out: None, timeout=0.05)
+            gate.set_result(None)
+            for _ in range(2):  # the given-up acquisitions, then the release they queued, have run
+                runner._call(lambda: None).result(10)
+            assert runner.free_slots == 1
+            runner.acquire(lambda out: None).release()  # the slot is usable again
+    finally:
+        engine.close()
+
+
+# ------------------------------------------------------------------ the frame clock
+
+
+async def _realtime_sessions(runner: EngineRunner, count: int, spread_s: float, seconds: float,
+                             frame_s: float = 0.08) -> tuple[int, int, list[int]]:
+    """`count` sessions pushing a zero frame every `frame_s` on an absolute schedule, `spread_s` apart.
+
+    Returns the steps and stepped frames the runner made for them, and each session's output count.
+    """
+    loop = asyncio.get_running_loop()
+    received = [0] * count
+
+    def receiver(index: int):
+        def bump() -> None:
+            received[index] += 1
+        return lambda out: loop.call_soon_threadsafe(bump)
+
+    handles = [await runner.acquire_async(receiver(i)) for i in range(count)]
+    frames = round(seconds / frame_s)
+    steps, stepped = runner.stats.steps, runner.stats.frames_stepped
+    start = loop.time() + 0.05
+
+    async def session(index: int) -> None:
+        for k in range(frames):
+            await asyncio.sleep(max(0.0, start + index * spread_s + k * frame_s - loop.time()))
+            handles[index].push_frame(ZERO)
+
+    async with asyncio.TaskGroup() as group:
+        for index in range(count):
+            group.create_task(session(index), name=f"session-{index}")
+    await _wait_for(lambda: sum(received) >= count * frames, limit_s=2.0)
+    for handle in handles:
+        assert handle.dropped_frames == 0
+        handle.release()
+    await asyncio.wrap_future(runner._call(lambda: None))  # the releases are done
+    return runner.stats.steps - steps, runner.stats.frames_stepped - stepped, received
+
+
+@pytest.mark.slow
+def test_the_tick_clock_steps_out_of_phase_sessions_together(tiny):
+    sessions, seconds, frame_s = 8, 3.0, 0.08
+    frames = round(seconds / frame_s)
+    engine = BatchedEngine(tiny, batch_size=sessions, gen=GREEDY)
+    results = {}
+    try:
+        for clock in ("tick", "eager"):
+            with EngineRunner(engine, clock=clock, torch_threads=1) as runner:
+                results[clock] = asyncio.run(_realtime_sessions(runner, sessions, 0.01, seconds, frame_s))
+    finally:
+        engine.close()
+    steps, stepped, received = results["tick"]
+    assert steps / (frames * frame_s) < 14  # ~12.5 per second of audio: one step per frame for all eight
+    assert stepped / steps >= 7
+    assert all(count >= frames - 1 for count in received)  # every frame comes back (the last may be late)
+    eager_steps, eager_stepped, eager_received = results["eager"]
+    assert eager_steps > 1.3 * steps  # arrival-driven: out-of-phase sessions get separate steps
+    assert all(count >= frames - 1 for count in eager_received)
+
+
+def test_the_tick_clock_sleeps_while_idle_and_steps_at_once_when_work_arrives(tiny):
+    engine = BatchedEngine(tiny, batch_size=2, gen=GREEDY)
+    arrivals: list[float] = []
+    waits: list[float | None] = []
+    try:
+        runner = EngineRunner(engine, clock="tick")
+        original_wait = runner._cond.wait
+
+        def counting_wait(timeout=None):
+            waits.append(timeout)
+            return original_wait(timeout)
+
+        runner._cond.wait = counting_wait
+        with runner:
+            handle = runner.acquire(lambda out: arrivals.append(time.monotonic()))
+            handle.push_frame(ZERO)
+            assert asyncio.run(_wait_for(lambda: len(arrivals) == 1))
+            time.sleep(0.15)  # past the next tick: the engine thread is in its idle wait
+            waits.clear()
+            time.sleep(0.5)  # idle for over 6 ticks (ending ~15 ms past a point of the old grid)
+            idle_waits = len(waits)
+            pushed = time.monotonic()
+            handle.push_frame(ZERO)
+            assert asyncio.run(_wait_for(lambda: len(arrivals) == 2))
+            handle.release()
+    finally:
+        engine.close()
+    assert idle_waits == 0  # no periodic wake-ups while no slot has a frame
+    assert arrivals[1] - pushed < 0.04  # the first frame after idle is stepped at once, not at the next tick
+
+
+@pytest.mark.parametrize("clock", ["tick", "eager"])
+def test_a_backlog_skips_to_live_on_the_tick_clock_only(tiny, monkeypatch, clock):
+    engine = BatchedEngine(tiny, batch_size=1, gen=GREEDY)
+    original = engine.step
+    stepped: list[float] = []  # the marker sample of every frame stepped
+
+    def recording(frames, timings=None):
+        stepped.extend(float(frame[0]) for frame in frames.values())
+        return original(frames, timings)
+
+    monkeypatch.setattr(engine, "step", recording)
+    arrivals: list[float] = []
+    try:
+        with EngineRunner(engine, clock=clock, jitter_frames=3) as runner:
+            handle = runner.acquire(lambda out: arrivals.append(time.monotonic()))
+            with runner._cond:  # 20 frames at once, as after a stall of the network or of the engine
+                for index in range(20):
+                    handle.push_frame(np.full(FRAME_SIZE, index / 100, dtype=np.float32))
+                pushed = time.monotonic()
+            expected = 3 if clock == "tick" else 20
+            assert asyncio.run(_wait_for(lambda: len(arrivals) == expected))
+            time.sleep(0.2)
+            skipped = runner.stats.skipped_frames
+            late = time.monotonic()
+            handle.push_frame(np.full(FRAME_SIZE, 0.5, dtype=np.float32))  # live again: stepped at once
+            assert asyncio.run(_wait_for(lambda: len(arrivals) == expected + 1))
+            handle.release()
+    finally:
+        engine.close()
+    if clock == "tick":
+        assert stepped[:3] == pytest.approx([0.17, 0.18, 0.19])  # cut to the 3 newest, then one per tick
+        assert skipped == handle.dropped_frames == 17
+        assert arrivals[2] - pushed < 0.4  # the newest frame is back within the jitter budget, not 1.6 s later
+    else:
+        assert stepped[:20] == pytest.approx([index / 100 for index in range(20)])
+        assert skipped == handle.dropped_frames == 0
+    assert arrivals[-1] - late < 0.04
+
+
+def test_an_overloaded_engine_skips_missed_ticks_instead_of_catching_up(tiny, monkeypatch, caplog):
+    engine = BatchedEngine(tiny, batch_size=1, gen=GREEDY)
+    original = engine.step
+    stall = {"steps": 0}
+
+    def stalling(frames, timings=None):
+        if stall["steps"] > 0:
+            stall["steps"] -= 1
+            time.sleep(0.2)  # 2.5 frames
+        return original(frames, timings)
+
+    monkeypatch.setattr(engine, "step", stalling)
+    steps: list[tuple[float, float]] = []  # (end time, duration) of every step
+
+    async def feed(handle, frames: int = 20, frame_s: float = 0.08) -> None:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for k in range(frames):
+            await asyncio.sleep(max(0.0, start + k * frame_s - loop.time()))
+            if k == 5:
+                stall["steps"] = 3
+            handle.push_frame(ZERO)
+        await asyncio.sleep(0.3)
+
+    caplog.set_level(logging.WARNING, logger="kame.frontend.runner")
+    try:
+        with EngineRunner(engine, on_step=lambda s, n: steps.append((time.monotonic(), s))) as runner:
+            handle = runner.acquire(lambda out: None)
+            asyncio.run(feed(handle))
+            handle.release()
+            stats = runner.stats
+    finally:
+        engine.close()
+    slow_ends = [end for end, seconds in steps if seconds >= 0.2]
+    assert len(slow_ends) == 3
+    assert stats.overruns >= 3
+    after = [end for end, _ in steps if slow_ends[-1] < end <= slow_ends[-1] + 0.06]
+    # the backlog left after skipping to live (at most jitter_frames) is stepped at once, no more ...
+    assert len(after) <= runner.jitter_frames + 1
+    later = [end for end, _ in steps if slow_ends[-1] + 0.1 < end <= slow_ends[-1] + 0.5]
+    assert len(later) <= 6  # ... then one step per frame: the missed ticks are not caught up
+    assert stats.skipped_frames == handle.dropped_frames
+    warnings = [r for r in caplog.records if "overruns so far" in r.getMessage()]
+    assert len(warnings) == 1  # once, then at most once a minute

@@ -122,7 +122,7 @@ class KyutaiSttAsr:
         self.delay_s = float(stt.get("audio_delay_seconds", 0.5))
         self.batch = SttBatch(self.model, options.max_sessions, options.eot_head)
         # up to 60 s of backlog per stream; beyond it the oldest audio is dropped
-        self.runner = EngineRunner(self.batch, batch_window_s=0.02, max_pending_frames=750).start()
+        self.runner = EngineRunner(self.batch, batch_window_s=0.02, max_pending_frames=750, clock="eager").start()
         logger.info("ASR kyutai-stt: %s, %d slots, text %.2f s behind the audio",
                     options.model, options.max_sessions, self.delay_s)
 

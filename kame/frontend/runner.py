@@ -1,9 +1,15 @@
-"""Puts a `BatchedEngine` on its own thread so that asyncio code can drive it without blocking.
+"""Puts a `BatchedEngine` on its own thread, driven by a frame clock, so asyncio code never blocks on it.
 
-Sessions push PCM frames and oracle updates into thread-safe inboxes; the engine thread waits
-until every active slot has a frame (or `batch_window_s` after the first one arrived), steps all
-slots that have one in a single batched call, and hands each output to its slot's callback.
-Slot acquire/release run on the engine thread between steps.
+Sessions push PCM frames and oracle updates into thread-safe inboxes, stamped with the generation of
+their slot acquisition: anything of another generation is dropped, so nothing of a slot's previous
+occupant reaches the next. A batched step costs the whole batch however many slots it steps, so with
+`clock="tick"` the engine thread steps once per `frame_s` for every active slot that has a frame (at
+once, without waiting for the tick, when every active slot has one), a live slot holding more than
+`jitter_frames` skips to live, an overrun skips the missed ticks, and the thread sleeps while no slot
+has a frame. A slot acquired with `live=False` (a client that sends faster than real time on purpose)
+never skips: alone, it is stepped as fast as the engine goes. `clock="eager"` steps as soon as a frame
+arrives, waiting at most `batch_window_s` for the other slots. Slot acquire/release run on the engine
+thread between steps.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -28,65 +35,119 @@ logger = logging.getLogger(__name__)
 
 OutputCallback = Callable[[FrameOutput], None]
 ErrorCallback = Callable[[BaseException], None]
+Clock = Literal["tick", "eager"]
+OVERRUN_LOG_INTERVAL_S = 60.0  # an overloaded engine warns at most this often
+
+
+@dataclass
+class RunnerStats:
+    """Counters of an `EngineRunner`; plain ints, readable from any thread."""
+
+    steps: int = 0  # batched engine steps
+    frames_stepped: int = 0  # slot frames in those steps (frames_stepped / steps: the mean batch)
+    stale_dropped: int = 0  # frames and oracle updates of a finished acquisition, never applied
+    skipped_frames: int = 0  # frames the tick clock dropped to bring a slot back to live
+    overruns: int = 0  # steps that ended after the next tick was due
+
+
+class _Stamped(NamedTuple):
+    generation: int  # of the acquisition whose handle pushed it
+    value: object  # an np.ndarray frame or an OracleUpdate
 
 
 @dataclass
 class _SlotInbox:
+    """One acquisition of a slot: its callbacks and what its handle pushed."""
+
+    generation: int
     on_output: OutputCallback
     on_error: ErrorCallback | None
-    frames: deque[np.ndarray] = field(default_factory=deque)
-    updates: list[OracleUpdate] = field(default_factory=list)
-    dropped_frames: int = 0
+    live: bool = True  # False: the client paces itself (faster than real time): never skip to live
+    frames: deque[_Stamped] = field(default_factory=deque)
+    updates: list[_Stamped] = field(default_factory=list)
+    dropped_frames: int = 0  # over max_pending_frames at push time, or skipped to live
 
 
 class SlotHandle:
-    """A session's hold on one engine slot. Thread-safe; `push_*` never block."""
+    """A session's hold on one engine slot, for one acquisition. Thread-safe; `push_*` never block.
 
-    def __init__(self, runner: EngineRunner, slot: int) -> None:
+    Once released, pushes are refused silently (counted in `stats.stale_dropped`): a late LLM answer
+    must not crash anything.
+    """
+
+    def __init__(self, runner: EngineRunner, slot: int, inbox: _SlotInbox) -> None:
         self.runner, self.slot = runner, slot
+        self._inbox = inbox
         self.closed = False
+
+    @property
+    def generation(self) -> int:
+        return self._inbox.generation
 
     def push_frame(self, pcm: np.ndarray) -> None:
         """Queue one frame of FRAME_SIZE samples; a wrong shape is refused here, not in the batch."""
+        if self.closed:
+            self.runner._count_stale()
+            return
         frame = np.asarray(pcm, dtype=np.float32)
         if frame.shape != (FRAME_SIZE,):
             raise EngineError(f"a frame must be {FRAME_SIZE} samples, got shape {frame.shape}")
         if not np.isfinite(frame).all():
             raise EngineError("a frame holds NaN or infinite samples")
-        self.runner._push_frame(self.slot, frame)
+        self.runner._push_frame(self.slot, _Stamped(self.generation, frame))
 
     def push_oracle(self, update: OracleUpdate) -> None:
-        self.runner._push_oracle(self.slot, update)
+        if self.closed:
+            self.runner._count_stale()
+            return
+        self.runner._push_oracle(self.slot, _Stamped(self.generation, update))
 
     @property
     def dropped_frames(self) -> int:
-        return self.runner._dropped(self.slot)
+        """Frames of this acquisition that were never stepped (queue cap or skip to live)."""
+        return self._inbox.dropped_frames
 
     def release(self) -> None:
         if not self.closed:
             self.closed = True
-            self.runner._release(self.slot)
+            self.runner._release(self.slot, self.generation)
 
 
 class EngineRunner:
     """Owns the engine thread. Use as a context manager or call `start()` / `stop()`."""
 
     def __init__(self, engine: BatchedEngine, batch_window_s: float = 0.02, max_pending_frames: int = 25,
-                 on_step: Callable[[float, int], None] | None = None, torch_threads: int | None = None) -> None:
+                 on_step: Callable[[float, int], None] | None = None, torch_threads: int | None = None, *,
+                 clock: Clock = "tick", frame_s: float = 0.08, jitter_frames: int = 3) -> None:
+        if clock not in ("tick", "eager"):
+            raise ValueError(f"clock must be 'tick' or 'eager', got {clock!r}")
+        if frame_s <= 0 or jitter_frames < 0 or max_pending_frames < 1:
+            raise ValueError("frame_s must be > 0, jitter_frames >= 0 and max_pending_frames >= 1")
         self.engine = engine
         # intra-op threads of the engine thread; on a CPU, OpenMP teams started from a non-main
         # thread cost more than they give for small models (docs/benchmarks.md): 1 is best there
         self.torch_threads = torch_threads
         self.on_step = on_step  # (seconds, batch size) after each step, on the engine thread
-        self.batch_window_s = batch_window_s  # how long a ready slot waits for the others
-        self.max_pending_frames = max_pending_frames  # per slot; beyond it the oldest frame is dropped
+        self.clock = clock  # tick: one step per frame_s for all slots; eager: step when a frame arrives
+        self.frame_s = frame_s  # the tick period (one frame of audio)
+        self.jitter_frames = jitter_frames  # tick: frames a slot may hold at a tick before it skips to live
+        self.batch_window_s = batch_window_s  # eager: how long a ready slot waits for the others
+        self.max_pending_frames = max_pending_frames  # per slot, both clocks; beyond it the oldest is dropped
+        self.stats = RunnerStats()
+        self.step_seconds: deque[float] = deque(maxlen=1000)  # recent step durations
         self._cond = threading.Condition()
         self._inboxes: dict[int, _SlotInbox] = {}
         self._commands: deque[tuple[Callable[[], object], concurrent.futures.Future]] = deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self.steps = 0
-        self.step_seconds: deque[float] = deque(maxlen=1000)  # recent step durations
+        self._generation = 0  # of the latest acquisition
+        self._next_tick: float | None = None  # monotonic time of the next tick; None while idle
+        self._idle = False  # the engine thread sleeps until a frame arrives (tick clock)
+        self._overrun_logged_at: float | None = None
+
+    @property
+    def steps(self) -> int:
+        return self.stats.steps
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -113,28 +174,48 @@ class EngineRunner:
     # ---------------------------------------------------------------- slots
 
     def acquire(self, on_output: OutputCallback, on_error: ErrorCallback | None = None,
-                timeout: float | None = 30.0) -> SlotHandle:
-        """Reserve and reset a slot (blocking until the engine thread has done it)."""
-        return SlotHandle(self, self._call(self._acquire_fn(on_output, on_error)).result(timeout))
+                timeout: float | None = 30.0, live: bool = True) -> SlotHandle:
+        """Reserve and reset a slot under a new generation (blocking until the engine thread has done it).
 
-    async def acquire_async(self, on_output: OutputCallback, on_error: ErrorCallback | None = None) -> SlotHandle:
-        future = self._call(self._acquire_fn(on_output, on_error))
-        return SlotHandle(self, await asyncio.wrap_future(future))
+        `live=False`: the client sends faster than real time on purpose; its frames never skip to live."""
+        future = self._call(self._acquire_fn(on_output, on_error, live))
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.add_done_callback(_release_if_acquired)  # the slot must not stay taken by nobody
+            raise
 
-    def _acquire_fn(self, on_output: OutputCallback, on_error: ErrorCallback | None) -> Callable[[], int]:
-        def _acquire() -> int:
+    async def acquire_async(self, on_output: OutputCallback, on_error: ErrorCallback | None = None,
+                            live: bool = True) -> SlotHandle:
+        future = self._call(self._acquire_fn(on_output, on_error, live))
+        try:
+            return await asyncio.shield(asyncio.wrap_future(future))
+        except asyncio.CancelledError:
+            future.add_done_callback(_release_if_acquired)  # a caller gone meanwhile gives the slot back
+            raise
+
+    def _acquire_fn(self, on_output: OutputCallback, on_error: ErrorCallback | None,
+                    live: bool) -> Callable[[], SlotHandle]:
+        def _acquire() -> SlotHandle:
             slot = self.engine.acquire()
-            self._inboxes[slot] = _SlotInbox(on_output, on_error)
-            return slot
+            with self._cond:
+                self._generation += 1
+                inbox = self._inboxes[slot] = _SlotInbox(self._generation, on_output, on_error, live)
+            return SlotHandle(self, slot, inbox)
         return _acquire
 
     @property
     def free_slots(self) -> int:
         return self.engine.free_slots
 
-    def _release(self, slot: int) -> None:
+    def _release(self, slot: int, generation: int) -> None:
         def _do() -> None:
-            self._inboxes.pop(slot, None)
+            with self._cond:
+                inbox = self._inboxes.get(slot)
+                if inbox is None or inbox.generation != generation:
+                    return  # released already: the slot may belong to someone else now
+                del self._inboxes[slot]
+                self.stats.stale_dropped += len(inbox.frames) + len(inbox.updates)  # left behind, never applied
             self.engine.release(slot)
         self._call(_do)
 
@@ -148,59 +229,117 @@ class EngineRunner:
             self._cond.notify_all()
         return future
 
-    def _push_frame(self, slot: int, pcm: np.ndarray) -> None:
+    def _current_inbox(self, slot: int, generation: int) -> _SlotInbox | None:
+        """The slot's inbox if `generation` still holds it, else None (counted stale); under the lock."""
+        inbox = self._inboxes.get(slot)
+        if inbox is None or inbox.generation != generation:
+            self.stats.stale_dropped += 1
+            return None
+        return inbox
+
+    def _push_frame(self, slot: int, frame: _Stamped) -> None:
         with self._cond:
-            inbox = self._inboxes.get(slot)
+            inbox = self._current_inbox(slot, frame.generation)
             if inbox is None:
-                return  # released meanwhile: the frame belongs to nobody
-            inbox.frames.append(pcm)
+                return
+            inbox.frames.append(frame)
             if len(inbox.frames) > self.max_pending_frames:
                 inbox.frames.popleft()
                 inbox.dropped_frames += 1
-            self._cond.notify_all()
+            if self.clock == "eager" or self._idle or self._all_frames():  # else the tick wakes up by itself
+                self._cond.notify_all()
 
-    def _push_oracle(self, slot: int, update: OracleUpdate) -> None:
+    def _push_oracle(self, slot: int, update: _Stamped) -> None:
         with self._cond:
-            inbox = self._inboxes.get(slot)
+            inbox = self._current_inbox(slot, update.generation)
             if inbox is not None:
-                inbox.updates.append(update)  # never dropped: resets must reach the slot
+                inbox.updates.append(update)  # never dropped within a generation: resets must reach the slot
 
-    def _dropped(self, slot: int) -> int:
+    def _count_stale(self) -> None:
         with self._cond:
-            inbox = self._inboxes.get(slot)
-            return inbox.dropped_frames if inbox else 0
+            self.stats.stale_dropped += 1
 
-    # ---------------------------------------------------------------- engine thread
+    # ---------------------------------------------------------------- engine thread: when to step
 
     def _loop(self) -> None:
         if self.torch_threads:
             torch.set_num_threads(self.torch_threads)
-        while True:
-            commands, batch = self._next_work()
-            if commands is None:
-                return
+        while (work := self._next_work()) is not None:
+            commands, batch = work
             for fn, future in commands:
                 self._run_command(fn, future)
             if batch:
                 self._step(batch)
+                if self.clock == "tick":
+                    self._keep_schedule()
+        with self._cond:
+            commands = self._take_commands()
+        for _, future in commands:  # nobody may wait forever on a command the thread will never run
+            future.set_exception(EngineError("the engine runner stopped"))
 
     def _next_work(self):
+        """(commands, batch) to run next, or None to stop."""
+        return self._next_tick_work() if self.clock == "tick" else self._next_eager_work()
+
+    def _next_tick_work(self):
+        with self._cond:
+            while not self._stopping:
+                if self._commands:
+                    return self._take_commands(), {}
+                now = time.monotonic()
+                due = self._next_tick is None or now >= self._next_tick
+                if self._any_frame() and (due or self._all_frames()):  # every slot ready: no need to wait
+                    self._start_tick(now, early=not due)
+                    return [], self._take_batch(skip_to_live=True)
+                if due:
+                    self._next_tick = None  # idle: sleep until a frame arrives, then step at once
+                self._wait(None if due else self._next_tick - now)
+            return None
+
+    def _start_tick(self, now: float, early: bool = False) -> None:
+        """Fix the time of the next tick: on the grid, unless a tick or more was missed, after idle, or
+        after an early step (the grid then follows the sessions' own phase)."""
+        on_grid = not early and self._next_tick is not None and now - self._next_tick < self.frame_s
+        tick = self._next_tick if on_grid else now
+        self._next_tick = tick + self.frame_s
+
+    def _keep_schedule(self) -> None:
+        """After a step that ended past the next tick: skip the missed ticks, do not catch up with a burst."""
+        now = time.monotonic()
+        if self._next_tick is not None and now > self._next_tick:
+            self._next_tick = now  # the grid restarts from now: one step now, the next one a frame later
+            self.stats.overruns += 1
+            if self._overrun_logged_at is None or now - self._overrun_logged_at >= OVERRUN_LOG_INTERVAL_S:
+                self._overrun_logged_at = now
+                logger.warning("engine step ran past the next %.0f ms tick (%d overruns so far): the engine "
+                               "is overloaded, ticks are skipped and sessions skip to live",
+                               self.frame_s * 1000, self.stats.overruns)
+
+    def _wait(self, timeout: float | None) -> None:
+        self._idle = timeout is None
+        self._cond.wait(timeout)
+        self._idle = False
+
+    def _next_eager_work(self):
         with self._cond:
             while not (self._stopping or self._commands or self._any_frame()):
                 self._cond.wait()
             if self._stopping:
-                return None, None
-            commands = list(self._commands)
-            self._commands.clear()
-            if commands:
-                return commands, {}
+                return None
+            if self._commands:
+                return self._take_commands(), {}
             deadline = time.monotonic() + self.batch_window_s
             while not self._all_frames() and not self._commands and not self._stopping:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            return [], self._take_batch()
+            return [], self._take_batch(skip_to_live=False)
+
+    def _take_commands(self) -> list[tuple[Callable[[], object], concurrent.futures.Future]]:
+        commands = list(self._commands)
+        self._commands.clear()
+        return commands
 
     def _any_frame(self) -> bool:
         return any(inbox.frames for inbox in self._inboxes.values())
@@ -208,19 +347,38 @@ class EngineRunner:
     def _all_frames(self) -> bool:
         return all(inbox.frames for inbox in self._inboxes.values())
 
-    def _take_batch(self) -> dict[int, tuple[np.ndarray, list[OracleUpdate], _SlotInbox]]:
+    def _take_batch(self, skip_to_live: bool) -> dict[int, tuple[np.ndarray, list[OracleUpdate], _SlotInbox]]:
+        """One frame (and the pending oracle updates) of every slot that has one; under the lock."""
         batch = {}
         for slot, inbox in self._inboxes.items():
-            if inbox.frames:
-                updates, inbox.updates = inbox.updates, []
-                batch[slot] = (inbox.frames.popleft(), updates, inbox)
+            self._discard_stale(inbox)
+            if not inbox.frames:
+                continue
+            if skip_to_live and inbox.live:
+                self._skip_to_live(inbox)
+            updates = [update.value for update in inbox.updates]
+            inbox.updates = []
+            batch[slot] = (inbox.frames.popleft().value, updates, inbox)
         return batch
 
-    def _reset_quietly(self, slot: int) -> None:
-        try:
-            self.engine.reset_slot(slot)
-        except Exception:
-            logger.exception("could not reset slot %d after a failed step", slot)
+    def _discard_stale(self, inbox: _SlotInbox) -> None:
+        """Drop whatever another generation left in this inbox: it must never reach this occupant."""
+        frames = [frame for frame in inbox.frames if frame.generation == inbox.generation]
+        updates = [update for update in inbox.updates if update.generation == inbox.generation]
+        stale = len(inbox.frames) - len(frames) + len(inbox.updates) - len(updates)
+        if stale:
+            self.stats.stale_dropped += stale
+            inbox.frames, inbox.updates = deque(frames), updates
+
+    def _skip_to_live(self, inbox: _SlotInbox) -> None:
+        excess = len(inbox.frames) - max(1, self.jitter_frames)  # 0 and 1 both mean: step the newest frame
+        if excess > 0:
+            for _ in range(excess):
+                inbox.frames.popleft()
+            inbox.dropped_frames += excess
+            self.stats.skipped_frames += excess
+
+    # ---------------------------------------------------------------- engine thread: the step
 
     @staticmethod
     def _run_command(fn: Callable[[], object], future: concurrent.futures.Future) -> None:
@@ -229,12 +387,18 @@ class EngineRunner:
         except Exception as exc:  # reported to the caller through its future
             future.set_exception(exc)
 
+    def _reset_quietly(self, slot: int) -> None:
+        try:
+            self.engine.reset_slot(slot)
+        except Exception:
+            logger.exception("could not reset slot %d after a failed step", slot)
+
     def _step(self, batch) -> None:
-        for slot, (_, updates, _) in batch.items():
-            for update in updates:
-                self.engine.push_oracle(slot, update)
         started = time.perf_counter()
         try:
+            for slot, (_, updates, _) in batch.items():
+                for update in updates:
+                    self.engine.push_oracle(slot, update)
             outputs = self.engine.step({slot: frame for slot, (frame, _, _) in batch.items()})
         except Exception as exc:  # contained: those slots are reset and told; the thread goes on
             logger.exception("engine step failed for slots %s", sorted(batch))
@@ -245,11 +409,17 @@ class EngineRunner:
             return
         elapsed = time.perf_counter() - started
         self.step_seconds.append(elapsed)
-        self.steps += 1
+        self.stats.steps += 1
+        self.stats.frames_stepped += len(batch)
         if self.on_step is not None:
             self.on_step(elapsed, len(batch))
-        for output in outputs:
+        for output in outputs:  # to the acquisition whose frame this was, whatever happened since
             try:
                 batch[output.slot][2].on_output(output)
             except Exception:  # a broken consumer must not stop the engine for the others
                 logger.exception("output callback of slot %d failed", output.slot)
+
+
+def _release_if_acquired(future: concurrent.futures.Future) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().release()
