@@ -1,8 +1,10 @@
-"""Planner policy on a manual clock: thresholds, rate limit, cancellation, words, epochs, faults."""
+"""Planner policy on a manual clock: thresholds, rate limit, overlapping streams and who owns the
+oracle, agreeing answers, the stream cap, words, epochs, faults."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -10,6 +12,7 @@ from kame.asr.events import FinalTranscript, PartialTranscript
 from kame.backend.llm import LLMError, OpenAICompatibleLLM
 from kame.backend.planner import (
     AttemptFinished,
+    AttemptFirstToken,
     AttemptStarted,
     BackendSwitched,
     OracleEmitted,
@@ -18,7 +21,7 @@ from kame.backend.planner import (
 )
 from kame.backend.profiles import BackendProfile
 from kame.clock import ManualClock, settle
-from kame.frontend.oracle import OracleOp, tokenize_words
+from kame.frontend.oracle import OracleOp, OracleTimeline, tokenize_words
 from kame.testing.fakes import FakeLLM, FakeReply
 from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
 
@@ -28,11 +31,23 @@ class Rig:
 
     def __init__(self, tokenizer, replies=None, config: PlannerConfig | None = None):
         self.clock = ManualClock()
+        self.t0 = self.clock.now()
         self.llm = FakeLLM(replies, self.clock)
-        self.updates, self.events = [], []
+        self.updates, self.sent_at, self.events = [], [], []
+        self.max_running = 0  # the most streams seen running at once, by `speak`
+        self.final_at: float | None = None  # when `speak` sent the final (seconds since t0)
         self.tokenizer = tokenizer
-        self.planner = Planner(self.llm, tokenizer, self.updates.append, self.events.append,
+        self.planner = Planner(self.llm, tokenizer, self._send, self.events.append,
                                config or PlannerConfig(), self.clock)
+
+    def _send(self, update):
+        self.updates.append(update)
+        self.sent_at.append(self.clock.now() - self.t0)
+
+    async def advance_to(self, t: float):
+        """Advance to t0 + t on a clock that runs a millionth fast: a deadline summed in floats
+        (start + delay) then falls due on the step it belongs to, never one step late."""
+        await self.clock.advance(self.t0 + t * (1 + 1e-6) - self.clock.now())
 
     def partial(self, text: str, at: float = 1.0):
         self.planner.on_transcript(PartialTranscript(text, 0.0, at))
@@ -42,6 +57,20 @@ class Rig:
 
     def of(self, kind):
         return [e for e in self.events if isinstance(e, kind)]
+
+    def resets(self):
+        """(time since t0, update) of every reset sent."""
+        return [(t, u) for t, u in zip(self.sent_at, self.updates, strict=True) if u.op is OracleOp.RESET]
+
+    def oracle_in_place(self) -> list[int]:
+        """The oracle the engine holds after every update so far, through the real OracleTimeline."""
+        timeline = OracleTimeline(start_token=-1, padding_token=-2)
+        applied = [timeline.apply(update, 0) for update in self.updates]
+        assert all(a.accepted for a in applied)  # no append the engine would drop as stale
+        return timeline.tokens[1:]
+
+    def record(self, epoch: int):
+        return next(r for r in self.planner.attempts if r.epoch == epoch)
 
 
 @pytest.fixture
@@ -53,6 +82,32 @@ def run(coro):
     return asyncio.run(coro)
 
 
+QUESTION = ["what", "is", "the", "capital", "of", "France", "and", "why", "do", "so", "many", "people", "say", "it",
+            "is", "lovely"]
+NUMBERS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+
+
+async def speak(rig: Rig, words: list[str], until: float, every_s: float = 0.5, step_s: float = 0.1) -> None:
+    """The user speaks: a partial growing by 2 words every `every_s` from t=0, then the final.
+
+    Steps the clock by `step_s` up to `until`, noting the final's time and the most streams
+    running at once in `rig.final_at` and `rig.max_running`.
+    """
+    script = [(every_s * i, " ".join(words[:n])) for i, n in enumerate(range(2, len(words) + 1, 2))]
+    final_at = every_s * len(script)
+    rig.final_at, done, tick = final_at, 0, 0
+    while tick * step_s <= until + 1e-9:
+        await rig.advance_to(tick * step_s)
+        while done < len(script) and script[done][0] <= tick * step_s + 1e-9:
+            rig.partial(script[done][1], at=script[done][0])
+            done += 1
+        if abs(tick * step_s - final_at) < 1e-9:
+            rig.final(" ".join(words), at=final_at)
+        await settle()
+        rig.max_running = max(rig.max_running, len(rig.planner.running_streams))
+        tick += 1
+
+
 def test_starts_when_two_new_words_arrive(tok):
     async def scenario():
         rig = Rig(tok, [FakeReply(delay_s=1.0)])
@@ -61,15 +116,17 @@ def test_starts_when_two_new_words_arrive(tok):
         rig.partial("what is the")  # +1: no start
         await settle()
         assert len(rig.llm.calls) == 1
-        rig.partial("what is the capital")  # +2 since the start: restart
+        rig.partial("what is the capital")  # +2 since the start: a new stream beside the first
         await settle()
         assert [e.record.epoch for e in rig.of(AttemptStarted)] == [1, 2]
         assert rig.llm.calls[-1][-1].content.endswith("user: what is the capital")
+        assert rig.planner.running_streams == [1, 2] and not rig.of(AttemptFinished)
         await rig.planner.aclose()
         return rig
 
     rig = run(scenario())
-    assert [e.record.status for e in rig.of(AttemptFinished)][:1] == ["cancelled"]
+    assert [e.record.status for e in rig.of(AttemptFinished)] == ["cancelled", "cancelled"]
+    assert rig.planner.running_streams == []
 
 
 def test_final_always_starts_and_closes_the_turn(tok):
@@ -231,3 +288,221 @@ def test_through_a_real_openai_streaming_server(tok):
     assert server.requests[0]["messages"][-1]["content"] == "user: what is the capital"
     assert " ".join(e.text for e in events if isinstance(e, OracleEmitted)) == "Paris, the city of light."
     assert updates[0].op is OracleOp.RESET
+
+
+def test_streams_overlap_so_a_slow_llm_still_answers_before_the_user_stops(tok):
+    # 1.2 s to the first word, then one every 0.15 s: 2.1 s an answer, off the 0.5 s beat of the partials
+    replies = [FakeReply.of_words(f"{NUMBERS[k]} says Paris is the capital of France", 1.2, 0.15) for k in range(1, 10)]
+
+    async def scenario():
+        rig = Rig(tok, replies)
+        await speak(rig, QUESTION[:16], until=8.0, step_s=0.05)
+        await rig.planner.aclose()
+        return rig
+
+    rig = run(scenario())
+    starts = [e.record for e in rig.of(AttemptStarted)]
+    assert len(starts) == 9 and starts[-1].trigger == "final" and rig.final_at == 4.0
+    resets = rig.resets()
+    assert resets[0][0] == pytest.approx(1.2, abs=1e-4) and resets[0][1].epoch == 1  # 1.2 s after the first trigger
+    assert resets[0][0] < rig.final_at - 2.5  # ... long before the user stopped
+    assert [u.epoch for _, u in resets] == list(range(1, 10))  # each newer stream took over in turn
+    assert 3 <= rig.max_running <= PlannerConfig().max_concurrent_streams
+    for older, newer in zip(starts, starts[1:], strict=False):  # cancelled when the next one spoke
+        assert older.status == "cancelled" and older.took_oracle
+        assert older.finished_at == newer.first_token_at < older.requested_at + 2.1  # mid-answer
+        assert len(older.text.split()) == 4  # 1.2 s + 3 x 0.15 s of it, then the newer one spoke
+    last = starts[-1]
+    assert last.status == "done" and rig.planner.oracle_epoch == last.epoch == rig.planner.epoch
+    assert rig.oracle_in_place() == tokenize_words(tok, "nine says Paris is the capital of France")
+
+
+def test_one_stream_at_a_time_starves_the_oracle_until_the_final(tok):
+    """The old cancel-on-restart policy, for contrast: max_concurrent_streams=1."""
+    replies = [FakeReply.of_words(f"{NUMBERS[k]} says Paris", 1.2, 0.1) for k in range(1, 10)]
+
+    async def scenario():
+        rig = Rig(tok, replies, PlannerConfig(max_concurrent_streams=1))
+        await speak(rig, QUESTION[:16], until=8.0)
+        await rig.planner.aclose()
+        return rig
+
+    rig = run(scenario())
+    assert rig.max_running == 1
+    assert [(round(t, 3), u.epoch) for t, u in rig.resets()] == [(round(rig.final_at + 1.2, 3), 9)]
+    assert all(r.status == "cancelled" and r.first_token_at is None for r in list(rig.planner.attempts)[:-1])
+
+
+def test_an_older_stream_never_takes_the_oracle_back(tok):
+    slow = FakeReply.of_words("old and slow answer", first_delay_s=3.0)
+    fast = FakeReply.of_words("new fast answer", first_delay_s=0.2)
+
+    async def scenario():
+        rig = Rig(tok, [slow, fast])
+        rig.partial("what is")
+        await settle()
+        await rig.advance_to(0.5)
+        rig.partial("what is the capital")
+        await settle()
+        await rig.advance_to(0.7)  # the newer stream speaks first: it owns the oracle
+        assert rig.planner.running_streams == []
+        await rig.advance_to(5.0)
+        await rig.planner.aclose()
+        return rig
+
+    rig = run(scenario())
+    old, new = rig.record(1), rig.record(2)
+    assert new.took_oracle and not old.took_oracle
+    assert old.status == "cancelled" and old.finished_at == new.first_token_at and old.text == ""
+    assert {u.epoch for u in rig.updates} == {2} and rig.planner.oracle_epoch == 2
+    assert rig.oracle_in_place() == tokenize_words(tok, "new fast answer")
+
+
+class DeafToCancelLLM:
+    """Streams its answers even when cancelled, as a badly behaved client could: the planner must drop them."""
+
+    name = "deaf"
+
+    def __init__(self, clock, answers):
+        self.clock, self.answers, self.yielded = clock, list(answers), []
+
+    async def stream_chat(self, messages):
+        first_delay, text = self.answers.pop(0)
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.clock.sleep(first_delay)
+        for word in text.split():
+            self.yielded.append(word)
+            yield word + " "
+
+
+def test_words_of_a_cancelled_older_stream_are_dropped(tok):
+    async def scenario():
+        rig = Rig(tok)
+        rig.planner.llm = DeafToCancelLLM(rig.clock, [(3.0, "stale words"), (0.2, "fresh words")])
+        rig.partial("what is")
+        await settle()
+        await rig.advance_to(0.5)
+        rig.partial("what is the capital")
+        await settle()
+        await rig.advance_to(1.0)  # the newer stream speaks and cancels the older one, which goes on
+        await rig.advance_to(4.0)
+        await rig.planner.aclose()
+        return rig
+
+    rig = run(scenario())
+    assert rig.planner.llm.yielded == ["fresh", "words", "stale", "words"]  # the old one spoke after all ...
+    assert [e.record.epoch for e in rig.of(AttemptFirstToken)] == [2]  # ... and went unheard
+    assert rig.record(1).status == "cancelled" and rig.record(1).tokens == 0 and rig.record(1).text == ""
+    assert {u.epoch for u in rig.updates} == {2} and rig.oracle_in_place() == tokenize_words(tok, "fresh words")
+
+
+def agreeing_rig(tok, second: str, keep: bool) -> Rig:
+    """Stream 1 answers at 0.5 s, a word every 0.1 s; stream 2 (started at 0.3 s) at 0.8 s."""
+    first = FakeReply.of_words("Paris is the capital of France.", 0.5, 0.1)
+    return Rig(tok, [first, FakeReply.of_words(second, 0.5, 0.1)], PlannerConfig(keep_agreeing_oracle=keep))
+
+
+async def two_streams(rig: Rig) -> Rig:
+    rig.partial("what is")
+    await settle()
+    await rig.advance_to(0.3)
+    rig.partial("what is the capital")
+    await settle()
+    for tick in range(4, 31):
+        await rig.advance_to(tick * 0.1)
+    await rig.planner.aclose()
+    return rig
+
+
+def test_an_agreeing_newer_stream_extends_the_oracle_without_a_reset(tok):
+    rig = run(two_streams(agreeing_rig(tok, "paris is the capital of france, indeed!", keep=True)))
+    assert [u.epoch for _, u in rig.resets()] == [1]
+    assert {u.epoch for u in rig.updates} == {1}  # appends carry the kept oracle's epoch
+    first, second = rig.record(1), rig.record(2)
+    assert first.status == "cancelled" and first.text == "Paris is the"  # cut off when stream 2 spoke
+    assert second.took_oracle and second.kept_oracle and second.first_token_at is not None
+    assert [e.text for e in rig.of(OracleEmitted) if e.stream_epoch == 2] == ["capital", "of", "france,", "indeed!"]
+    assert rig.planner.oracle_epoch == 1 and rig.planner.epoch == 2
+    assert rig.oracle_in_place() == tokenize_words(tok, "Paris is the capital of france, indeed!")
+
+
+def test_without_keep_agreeing_every_takeover_resets(tok):
+    rig = run(two_streams(agreeing_rig(tok, "paris is the capital of france, indeed!", keep=False)))
+    assert [(round(t, 3), u.epoch) for t, u in rig.resets()] == [(0.5, 1), (0.8, 2)]
+    assert not rig.record(2).kept_oracle and rig.planner.oracle_epoch == 2
+    assert rig.oracle_in_place() == tokenize_words(tok, "paris is the capital of france, indeed!")
+
+
+def test_a_diverging_newer_stream_resets_with_its_words_so_far(tok):
+    rig = run(two_streams(agreeing_rig(tok, "Paris is a city in France.", keep=True)))
+    resets = rig.resets()
+    assert [(round(t, 3), u.epoch) for t, u in resets] == [(0.5, 1), (1.0, 2)]  # kept for 'Paris is', then 'a'
+    assert resets[1][1].tokens == tuple(tokenize_words(tok, "Paris is a"))
+    assert not rig.record(2).kept_oracle and rig.planner.oracle_epoch == 2
+    assert rig.oracle_in_place() == tokenize_words(tok, "Paris is a city in France.")
+
+
+def test_a_new_user_turn_resets_even_an_agreeing_answer(tok):
+    async def scenario():
+        rig = Rig(tok, [FakeReply.of_words("Paris, of course.")])
+        rig.final("what is the capital of France")
+        await settle()
+        rig.partial("sorry what")  # the user speaks again: the same words are a new answer
+        await settle()
+        await rig.planner.aclose()
+        return rig
+
+    rig = run(scenario())
+    assert [u.epoch for _, u in rig.resets()] == [1, 2]
+
+
+def test_at_most_max_concurrent_streams_run(tok):
+    async def scenario():
+        rig = Rig(tok, [FakeReply(delay_s=1e6)], PlannerConfig(max_concurrent_streams=2))
+        await speak(rig, QUESTION[:12], until=2.9)
+        assert rig.max_running == 2 and len(rig.of(AttemptStarted)) == 6
+        assert rig.planner.running_streams == [5, 6]  # the oldest went first
+        await rig.planner.aclose()
+        return rig
+
+    rig = run(scenario())
+    assert [e.record.epoch for e in rig.of(AttemptFinished)][:4] == [1, 2, 3, 4]
+    assert all(r.status == "cancelled" and r.first_token_at is None for r in rig.planner.attempts)
+
+
+def test_the_cap_spares_the_stream_that_owns_the_oracle(tok):
+    owner = FakeReply.of_words("a long and slow answer that goes on", 0.1, 1.0)
+    async def scenario():
+        rig = Rig(tok, [owner, FakeReply(delay_s=1e6)], PlannerConfig(max_concurrent_streams=2))
+        rig.partial("what is")
+        await settle()
+        await rig.advance_to(0.5)  # stream 1 owns the oracle and goes on talking
+        rig.partial("what is the capital")
+        await settle()
+        await rig.advance_to(1.0)
+        rig.partial("what is the capital of France")  # over the cap: stream 2 goes, not the owner
+        await settle()
+        assert rig.planner.running_streams == [1, 3]
+        await rig.planner.aclose()
+        return rig
+
+    rig = run(scenario())
+    assert rig.record(2).status == "cancelled" and rig.record(2).finished_at == pytest.approx(rig.t0 + 1.0)
+
+
+def test_a_failing_stream_leaves_the_others_running(tok):
+    async def scenario():
+        answering = FakeReply.of_words("still here", first_delay_s=1.0)
+        rig = Rig(tok, [answering, FakeReply(error=LLMError("server", "boom"))])
+        rig.partial("hello there")
+        await settle()
+        await rig.advance_to(0.2)
+        rig.partial("hello there my friend")  # this one fails at once
+        await settle()
+        assert rig.record(2).status == "failed" and rig.planner.running_streams == [1]
+        await rig.advance_to(1.5)
+        await rig.planner.aclose()
+        return rig
+
+    rig = run(scenario())
+    assert rig.record(1).status == "done" and rig.oracle_in_place() == tokenize_words(tok, "still here")

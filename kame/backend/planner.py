@@ -1,10 +1,17 @@
-"""The planner: reacts to ASR events, (re)starts the LLM on the growing partial transcript,
-and turns each streamed answer into oracle updates (reset on a stream's first word, then appends).
+"""The planner: reacts to ASR events, starts LLM streams on the growing partial transcript, and
+turns the winning stream's answer into oracle updates.
 
-Policy (the reference's numbers, configurable): start when the user's word count grew by
-`min_new_words` since the last start, or on a final transcript; at most `max_restarts` starts
-per `restart_window_s`; a start cancels the running stream. Failures back off exponentially
-(or as long as the server's Retry-After asks). Event-driven: no polling loop.
+Policy (the reference's numbers, configurable): start a stream when the user's word count grew
+by `min_new_words` since the last start, or on a final transcript; at most `max_restarts` starts
+per `restart_window_s` (later ones are deferred); a failure backs off exponentially (or as long as
+the server's Retry-After asks) and leaves the other streams alone. Streams overlap: a start does
+not cancel the running ones, up to `max_concurrent_streams` (then the oldest stream that does not
+own the oracle is cancelled; 1 is the old cancel-on-restart policy). The newest stream that has
+produced words owns the oracle: it sends a reset with them and every older stream is cancelled,
+what they still send is dropped by epoch, and an older stream never takes the oracle back. When
+the new owner's words repeat the oracle in place from its start (same user turn, normalised
+words, `keep_agreeing_oracle`), the oracle is kept and only words beyond it are appended, under
+the epoch of the oracle's reset; a reset follows if they diverge later. Event-driven: no polling.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from kame.asr.events import FinalTranscript, PartialTranscript, TranscriptEvent
 from kame.backend.chunker import WordChunker
 from kame.backend.llm import ChatMessage, LLMClient, LLMError
 from kame.clock import Clock, MonotonicClock
-from kame.frontend.oracle import OracleUpdate, TextTokenizer, tokenize_words
+from kame.frontend.oracle import OracleOp, OracleUpdate, TextTokenizer, tokenize_words
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +48,8 @@ class PlannerConfig:
     restart_window_s: float = 2.0  # ... per this many seconds
     backoff_initial_s: float = 0.5  # wait after a failed attempt, doubled per failure in a row
     backoff_max_s: float = 10.0
+    max_concurrent_streams: int = 4  # LLM streams running at once; 1: each start cancels the last
+    keep_agreeing_oracle: bool = True  # a new owner repeating the oracle extends it (no reset)
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     max_history_turns: int = 20  # conversation turns kept in the prompt
 
@@ -58,8 +67,10 @@ class AttemptRecord:
     first_token_at: float | None = None
     finished_at: float | None = None
     status: Literal["running", "done", "cancelled", "failed"] = "running"
-    text: str = ""
-    tokens: int = 0
+    text: str = ""  # the words it produced (sent to the oracle or not)
+    tokens: int = 0  # oracle tokens it sent
+    took_oracle: bool = False  # it became the oracle's owner (the newest stream with words)
+    kept_oracle: bool = False  # as owner it extends an agreeing oracle, reset by an older stream
     error_kind: str | None = None
     error: str | None = None
 
@@ -88,6 +99,7 @@ class AttemptFinished:
 class OracleEmitted:
     update: OracleUpdate
     text: str  # the words these tokens stand for
+    stream_epoch: int = 0  # the stream they came from (update.epoch is the reset's, when kept)
 
 
 @dataclass(frozen=True)
@@ -97,6 +109,34 @@ class BackendSwitched:
 
 
 PlannerEvent = AttemptStarted | AttemptFirstToken | AttemptFinished | OracleEmitted | BackendSwitched
+
+
+@dataclass
+class _Stream:
+    """One running LLM stream: its record, the user turn it answers, and the words it produced."""
+
+    record: AttemptRecord
+    turn: int
+    task: asyncio.Task | None = None
+    words: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Oracle:
+    """The oracle in place: the epoch and user turn of its reset, and every word it holds."""
+
+    epoch: int = 0  # 0: none yet
+    turn: int = 0
+    words: list[str] = field(default_factory=list)
+
+    def agrees(self, words: list[str], turn: int) -> bool:
+        """`words` repeat this oracle from its start (as far as both go), in the same user turn."""
+        return self.epoch != 0 and turn == self.turn and all(
+            _normal(a) == _normal(b) for a, b in zip(words, self.words, strict=False))
+
+
+def _normal(word: str) -> str:
+    return "".join(c for c in word.lower() if c.isalnum())
 
 
 @dataclass
@@ -132,19 +172,26 @@ class Planner:
         on_event: Callable[[PlannerEvent], None] | None = None,
         config: PlannerConfig = PlannerConfig(),
         clock: Clock | None = None,
+        spawn: Callable[..., asyncio.Task] | None = None,
     ) -> None:
         self.llm, self.tokenizer, self.config = llm, tokenizer, config
+        # how its tasks are started: a session passes its TaskGroup's create_task, so that a bug in
+        # a stream ends the session with a trace instead of vanishing in an unobserved task
+        self._create_task = spawn
         self._send_oracle, self._on_event = send_oracle, on_event or (lambda event: None)
         self.clock = clock or MonotonicClock()
         self.system_prompt = config.system_prompt
-        self.epoch = 0
+        self.epoch = 0  # the newest started stream's
         self.attempts: deque[AttemptRecord] = deque(maxlen=200)
         self._conv = _Turns()
         self._words_at_start = 0
         self._starts: deque[float] = deque()
         self._backoff_until = 0.0
         self._failures = 0
-        self._task: asyncio.Task | None = None
+        self._running: dict[int, _Stream] = {}  # by epoch, oldest first
+        self._owner = 0  # epoch of the stream that owns the oracle (0: none)
+        self._oracle = _Oracle()
+        self._turn = 0  # user turns begun
         self._deferred: asyncio.Task | None = None
         self._deferred_messages: list[ChatMessage] | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -153,6 +200,8 @@ class Planner:
     # ------------------------------------------------------------------ inputs
 
     def on_transcript(self, event: TranscriptEvent) -> None:
+        if self._conv.user_closed:  # a new user utterance begins with this event
+            self._turn += 1
         if isinstance(event, PartialTranscript):
             self._conv.begin_user()
             self._conv.pending_user, self._last_audio_s = event.text, event.end_s
@@ -185,6 +234,16 @@ class Planner:
     @property
     def conversation(self) -> list[str]:
         return self._conv.lines(self.config.max_history_turns)
+
+    @property
+    def oracle_epoch(self) -> int:
+        """The epoch of the reset in place (0: no oracle yet); kept oracles' appends carry it."""
+        return self._oracle.epoch
+
+    @property
+    def running_streams(self) -> list[int]:
+        """Epochs of the LLM streams running now, oldest first."""
+        return list(self._running)
 
     # ------------------------------------------------------------------ policy
 
@@ -224,57 +283,105 @@ class Planner:
         self._starts.append(self.clock.now())
         self.epoch += 1
         self._words_at_start = len(self._conv.pending_user.split())
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
+        self._make_room()
         record = AttemptRecord(self.epoch, self.llm.name, trigger, messages[-1].content.split("\n")[-1],
                                self._last_audio_s, self.clock.now())
         self.attempts.append(record)
         self._on_event(AttemptStarted(record))
-        self._task = self._spawn(self._run(record, messages), f"llm-attempt-{self.epoch}")
+        stream = self._running[self.epoch] = _Stream(record, self._turn)
+        stream.task = self._spawn(self._run(stream, messages), f"llm-attempt-{self.epoch}")
+
+    def _make_room(self) -> None:
+        """Cancel the oldest streams that do not own the oracle (the owner last) to stay under the cap."""
+        while self._running and len(self._running) >= self.config.max_concurrent_streams:
+            streams = list(self._running.values())
+            self._cancel(next((s for s in streams if s.record.epoch != self._owner), streams[0]))
+
+    def _cancel(self, stream: _Stream) -> None:
+        self._running.pop(stream.record.epoch, None)
+        if stream.task is not None:
+            stream.task.cancel()
+        self._finish(stream.record, "cancelled")
 
     def _spawn(self, coro, name: str) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
+        task = (self._create_task or asyncio.get_running_loop().create_task)(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
 
     # ------------------------------------------------------------------ one attempt
 
-    async def _run(self, record: AttemptRecord, messages: list[ChatMessage]) -> None:
-        chunker = WordChunker()
+    async def _run(self, stream: _Stream, messages: list[ChatMessage]) -> None:
+        record, chunker = stream.record, WordChunker()
         try:
             async for delta in self.llm.stream_chat(messages):
-                self._emit_words(record, chunker.push(delta))
-            self._emit_words(record, chunker.flush())
+                self._emit_words(stream, chunker.push(delta))
+            self._emit_words(stream, chunker.flush())
+            if record.status == "running":
+                self._failures = 0
             self._finish(record, "done")
-            self._failures = 0
         except asyncio.CancelledError:
             self._finish(record, "cancelled")
             raise
         except LLMError as exc:
             self._failed(record, exc)
+        finally:
+            self._running.pop(record.epoch, None)
 
-    def _emit_words(self, record: AttemptRecord, words: list[str]) -> None:
-        if not words or record.epoch != self.epoch:
+    def _emit_words(self, stream: _Stream, words: list[str]) -> None:
+        record = stream.record
+        if not words or record.status != "running":
             return
-        text = " ".join(words)
-        tokens = tuple(tokenize_words(self.tokenizer, text))
+        stream.words += words
+        record.text = " ".join(stream.words)
         if record.first_token_at is None:
             record.first_token_at = self.clock.now()
             self._on_event(AttemptFirstToken(record))
-            update = OracleUpdate.reset(record.epoch, tokens)
-        else:
-            update = OracleUpdate.append(record.epoch, tokens)
-        record.text = f"{record.text} {text}".strip()
-        record.tokens += len(tokens)
+            if record.epoch > self._owner:
+                self._take_over(stream)
+        if record.epoch != self._owner:  # older than the owner: it never takes the oracle back
+            self._cancel(stream)
+            return
+        self._update_oracle(stream)
+
+    def _take_over(self, stream: _Stream) -> None:
+        """The newest stream with words owns the oracle; every older one stops."""
+        self._owner = stream.record.epoch
+        stream.record.took_oracle = True
+        for older in [s for epoch, s in self._running.items() if epoch < self._owner]:
+            self._cancel(older)
+
+    def _update_oracle(self, stream: _Stream) -> None:
+        """Extend the oracle in place while the owner's words agree with it, else reset it with them."""
+        record, oracle = stream.record, self._oracle
+        own = oracle.epoch == record.epoch
+        if own or (self.config.keep_agreeing_oracle and oracle.agrees(stream.words, stream.turn)):
+            record.kept_oracle = not own
+            new = stream.words[len(oracle.words):]
+            oracle.words += new
+            if new:
+                self._send(record, OracleOp.APPEND, oracle.epoch, new)
+            return
+        record.kept_oracle = False
+        self._oracle = _Oracle(record.epoch, stream.turn, list(stream.words))
+        self._send(record, OracleOp.RESET, record.epoch, stream.words)
+
+    def _send(self, record: AttemptRecord, op: OracleOp, epoch: int, words: list[str]) -> None:
+        text = " ".join(words)
+        update = OracleUpdate(epoch, op, tuple(tokenize_words(self.tokenizer, text)))
+        record.tokens += len(update.tokens)
         self._send_oracle(update)
-        self._on_event(OracleEmitted(update, text))
+        self._on_event(OracleEmitted(update, text, record.epoch))
 
     def _finish(self, record: AttemptRecord, status: str, retry_in_s: float | None = None) -> None:
+        if record.status != "running":  # cancelled already
+            return
         record.status, record.finished_at = status, self.clock.now()
         self._on_event(AttemptFinished(record, retry_in_s))
 
     def _failed(self, record: AttemptRecord, exc: LLMError) -> None:
+        if record.status != "running":  # cancelled already: not this stream's failure to count
+            return
         self._failures += 1
         backoff = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** (self._failures - 1))
         if exc.retry_after_s is not None:
@@ -286,6 +393,8 @@ class Planner:
         self._finish(record, "failed", backoff)
 
     async def aclose(self) -> None:
+        for stream in list(self._running.values()):
+            self._cancel(stream)
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()

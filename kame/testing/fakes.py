@@ -19,6 +19,13 @@ class FakeReply:
     delay_s: float = 0.0  # clock time before each delta
     error: LLMError | None = None  # raised after `error_after` deltas
     error_after: int = 0
+    first_delay_s: float | None = None  # clock time before the first delta; None: delay_s
+
+    @classmethod
+    def of_words(cls, text: str, first_delay_s: float = 0.0, delay_s: float = 0.0) -> FakeReply:
+        """`text` streamed one whole word per delta (each ends with a space, so it is complete on
+        arrival): the first after `first_delay_s`, then one every `delay_s`."""
+        return cls(tuple(f"{word} " for word in text.split()), delay_s, first_delay_s=first_delay_s)
 
 
 class FakeLLM:
@@ -36,7 +43,8 @@ class FakeLLM:
         for index, delta in enumerate(reply.deltas):
             if reply.error is not None and index == reply.error_after:
                 raise reply.error
-            await self.clock.sleep(reply.delay_s)
+            first = index == 0 and reply.first_delay_s is not None
+            await self.clock.sleep(reply.first_delay_s if first else reply.delay_s)
             yield delta
         if reply.error is not None and reply.error_after >= len(reply.deltas):
             raise reply.error
