@@ -68,6 +68,8 @@ async def converse(
 ) -> Conversation:
     """Send `pcm` (24 kHz) then `tail_s` of silence; real-time pace, or as fast as the server
     answers (`realtime=False`: at most `max_ahead_frames` frames ahead of the audio received)."""
+    if not realtime:  # ask the server not to skip our frames to keep us live: we send ahead on purpose
+        options = {"realtime": "0"} | (options or {})
     client = await KameClient.connect(url, events=True, backend=backend, options=options)
     if system_prompt is not None:
         await client.configure(system_prompt=system_prompt)

@@ -18,6 +18,8 @@ def _add_frontend_args(parser: argparse.ArgumentParser, default: str) -> None:
 
 
 def _cmd_infer(args: argparse.Namespace) -> int:
+    if args.llm or args.llm_model:
+        return _infer_tandem(args)
     from kame.audio import read_audio, write_wav
     from kame.frontend.infer import OracleCue, run_inference
     from kame.frontend.loader import load_frontend
@@ -35,6 +37,54 @@ def _cmd_infer(args: argparse.Namespace) -> int:
     else:
         print(result.text)
     return 0
+
+
+def _infer_tandem(args: argparse.Namespace) -> int:
+    """The recorded question through a real tandem session in this process: ASR, planner, LLM."""
+    import asyncio
+
+    from kame.audio import read_audio, write_wav
+    from kame.backend.profiles import DEFAULT_PROFILES, BackendProfile
+    from kame.converse import converse
+    from kame.runtime import Runtime, RuntimeSettings
+    from kame.session_events import AssistantText
+
+    if args.oracle:
+        raise KameError("--oracle schedules a scripted oracle; with --llm the LLM gives it: use one or the other")
+    if (args.llm_base_url is None) != (args.llm_model is None):
+        raise KameError("--llm-base-url and --llm-model go together")
+    profiles = dict(DEFAULT_PROFILES)
+    name = args.llm
+    if args.llm_model is not None:
+        name = "custom"
+        profiles[name] = BackendProfile(name, args.llm_base_url, args.llm_model, args.llm_api_key_env)
+    if name not in profiles:
+        raise KameError(f"unknown LLM profile {name!r}; known: {', '.join(profiles)}")
+    pcm = read_audio(args.input)
+    runtime = Runtime.start(RuntimeSettings(frontend=args.frontend, device=args.device, max_sessions=1,
+                                            asr=args.asr, asr_model=args.asr_model, profiles=profiles,
+                                            default_profile=name, engine_clock="eager"))
+    try:
+        conversation = asyncio.run(_converse_and_close(runtime, converse(runtime, pcm, tail_s=args.tail)))
+    finally:
+        runtime.close()
+    write_wav(args.output, conversation.assistant_audio)
+    if args.json:
+        print(json.dumps({"text": conversation.assistant_text, "output": str(args.output), "events": [
+            {"t": round(t, 3), "type": type(e).__name__, **{k: v for k, v in e.__dict__.items() if k != "pcm"}}
+            for t, e in conversation.events if type(e).__name__ not in ("AssistantAudio", "SessionStats")
+            and not isinstance(e, AssistantText)]}))
+    else:
+        print("\n".join(conversation.lines()))
+        print(f"assistant: {conversation.assistant_text}")
+    return 0
+
+
+async def _converse_and_close(runtime, conversation):
+    try:
+        return await conversation
+    finally:
+        await runtime.aclose_llms()  # on this loop, which used them
 
 
 def _cmd_transcribe(args: argparse.Namespace) -> int:
@@ -83,6 +133,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="input time of the matching --oracle (default 0)")
     infer.add_argument("--tail", type=float, default=1.0, help="seconds of silence after the input (default 1)")
     infer.add_argument("--json", action="store_true", help="print JSON with per-frame text times")
+    infer.add_argument("--llm", default=None, metavar="PROFILE",
+                       help="run the whole tandem in this process: ASR, planner and this LLM profile give the "
+                            "oracle (openai, anthropic, gemini, local, embedded); prints transcripts, oracle, answer")
+    infer.add_argument("--llm-base-url", default=None, help="with --llm-model: an ad-hoc OpenAI-compatible endpoint")
+    infer.add_argument("--llm-model", default=None)
+    infer.add_argument("--llm-api-key-env", default=None, help="env var holding its key (default: none)")
+    infer.add_argument("--asr", default=None, choices=["whisper", "kyutai-stt", "none"],
+                       help="with --llm: the streaming ASR (default: kyutai-stt on a GPU, whisper on a CPU)")
+    infer.add_argument("--asr-model", default=None)
     infer.set_defaults(func=_cmd_infer)
 
     transcribe = sub.add_parser("transcribe", help="print the streaming ASR's partial and final transcripts of a file")

@@ -15,3 +15,11 @@ class EngineError(KameError):
 
 class AudioFileError(KameError):
     """An audio file could not be read or written."""
+
+
+class SessionError(KameError):
+    """A tandem session was asked for something it cannot do (unknown backend, closed session)."""
+
+
+class SlotsBusy(EngineError):
+    """Every engine slot is taken: a new session cannot start now."""

@@ -102,6 +102,14 @@ class LLMEvent(_Event):
     retry_in_s: float | None = None
 
 
+class OracleLeadEvent(_Event):
+    """End of the user's speech minus the time the oracle the answer used was applied (s)."""
+
+    type: Literal["oracle_lead"] = "oracle_lead"
+    lead_s: float  # positive: the front-end had its guidance before the user stopped
+    epoch: int
+
+
 class BackendEvent(_Event):
     type: Literal["backend"] = "backend"
     name: str
@@ -130,7 +138,8 @@ class ErrorEvent(_Event):
 
 
 ServerEvent = Annotated[
-    ReadyEvent | TranscriptEvent | OracleEvent | LLMEvent | BackendEvent | AsrStatusEvent | StatsEvent | ErrorEvent,
+    ReadyEvent | TranscriptEvent | OracleEvent | OracleLeadEvent | LLMEvent | BackendEvent | AsrStatusEvent | StatsEvent
+    | ErrorEvent,
     Field(discriminator="type"),
 ]
 _server_events = TypeAdapter(ServerEvent)

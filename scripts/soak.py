@@ -42,7 +42,7 @@ def main() -> int:
             result = {
                 "minutes": args.minutes, "wall_s": round(time.monotonic() - started, 1),
                 "rss_before_mb": round(before), "rss_after_mb": round(rss_mb()),
-                "free_slots_after": services.runner.free_slots, "slots": services.engine.batch_size,
+                "free_slots_after": services.runtime.runner.free_slots, "slots": services.runtime.engine.batch_size,
                 "llm_requests": len(llm.requests), "garbage_connections": report["garbage_connections"],
                 "churn_sessions": report["churn_sessions"],
                 "good": [{"frames_sent": g.frames_sent, "real_time_ratio": round(g.real_time_ratio, 4),

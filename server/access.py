@@ -25,6 +25,14 @@ class AccessControl:
         self._per_ip = settings.max_connections_per_ip
         self.connections: Counter[str] = Counter()
 
+    def admit(self, ws: WebSocket) -> Refusal | None:
+        """Check the connection and, if it may enter, count it at once (no await between check and
+        count, so concurrent connections cannot pass the per-address limit); `leave` when it ends."""
+        refusal = self.check(ws)
+        if refusal is None:
+            self.connections[_ip(ws)] += 1
+        return refusal
+
     def check(self, ws: WebSocket) -> Refusal | None:
         if self._tokens and not self._token_ok(ws):
             return Refusal(401, 1008, "a valid token is required (Authorization: Bearer TOKEN, or ?token=TOKEN)")
@@ -49,12 +57,8 @@ class AccessControl:
             return True
         return not self._origins and origin in (f"http://{host}", f"https://{host}")
 
-    def enter(self, ws: WebSocket) -> str:
+    def leave(self, ws: WebSocket) -> None:
         ip = _ip(ws)
-        self.connections[ip] += 1
-        return ip
-
-    def leave(self, ip: str) -> None:
         self.connections[ip] -= 1
         if self.connections[ip] <= 0:
             del self.connections[ip]

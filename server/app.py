@@ -14,9 +14,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from kame.errors import EngineError
+from kame.errors import EngineError, SessionError
 from kame.protocol import ProtocolError
 from server.access import AccessControl, Refusal
+from server.codec_thread import CodecThread
 from server.services import Services
 from server.session import Session, SessionOptions
 from server.settings import ServerSettings
@@ -32,7 +33,8 @@ async def close_sessions(sessions: set, timeout_s: float) -> None:
         return
     logger.info("closing %d sessions", len(sessions))
     current = list(sessions)
-    await asyncio.gather(*(s.shutdown("the server is shutting down") for s in current), return_exceptions=True)
+    for session in current:
+        session.shutdown("the server is shutting down")
     waiters = [asyncio.ensure_future(s.ended.wait()) for s in current]
     _, late = await asyncio.wait(waiters, timeout=timeout_s)
     for waiter in late:
@@ -85,8 +87,10 @@ def create_app(settings: ServerSettings, services: Services | None = None) -> Fa
             yield
         finally:
             await drain()
+            codec.close()
+            await app.state.services.runtime.aclose_llms()  # on the loop that used them
             if services is None:
-                await app.state.services.aclose()
+                await asyncio.to_thread(app.state.services.runtime.close)
 
     app = FastAPI(title="KAME server", lifespan=lifespan)
     app.state.services = None
@@ -106,6 +110,7 @@ def create_app(settings: ServerSettings, services: Services | None = None) -> Fa
         return Response(current.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     access = AccessControl(settings)
+    codec = CodecThread()
     app.state.sessions = set()
     app.state.draining = False
 
@@ -118,7 +123,7 @@ def create_app(settings: ServerSettings, services: Services | None = None) -> Fa
 
     @app.websocket("/api/chat")
     async def chat(ws: WebSocket) -> None:
-        await run_session(ws, app.state.services, access, app.state.sessions, app.state.draining)
+        await run_session(ws, app.state.services, access, app.state.sessions, codec, app.state.draining)
 
     if (WEB_ROOT / "index.html").is_file():  # the browser page, after the routes above
         app.mount("/", StaticFiles(directory=WEB_ROOT, html=True), name="web")
@@ -144,36 +149,35 @@ async def _refuse(ws: WebSocket, services: Services, refusal: Refusal) -> None:
 
 
 async def run_session(ws: WebSocket, services: Services, access: AccessControl, sessions: set,
-                      draining: bool = False) -> None:
-    refusal = Refusal(503, 1001, "the server is shutting down") if draining else access.check(ws)
+                      codec: CodecThread, draining: bool = False) -> None:
+    refusal = Refusal(503, 1001, "the server is shutting down") if draining else access.admit(ws)
     if refusal is not None:
         await _refuse(ws, services, refusal)
         return
     try:
-        options = SessionOptions.from_query(ws.query_params)
-        session = Session(ws, services, options)
-    except ProtocolError as exc:
+        await _serve(ws, services, sessions, codec)
+    finally:
+        access.leave(ws)
+
+
+async def _serve(ws: WebSocket, services: Services, sessions: set, codec: CodecThread) -> None:
+    try:
+        session = Session(ws, services, SessionOptions.from_query(ws.query_params), codec)
+        tandem = await session.open()
+    except (ProtocolError, SessionError) as exc:
         await ws.accept()
         await ws.close(1008, str(exc)[:120])
         return
-    busy = Refusal(503, 1013, f"all {services.engine.batch_size} session slots are busy; try again later")
-    if services.runner.free_slots <= 0:
-        await _refuse(ws, services, busy)
-        return
-    try:
-        handle = await services.runner.acquire_async(session.on_output_threadsafe, session.on_error_threadsafe)
-    except EngineError:
-        await _refuse(ws, services, busy)
+    except EngineError as exc:  # SlotsBusy, or a runner that is stopping
+        await _refuse(ws, services, Refusal(503, 1013, str(exc)))
         return
     try:
         await ws.accept()
     except BaseException:
-        handle.release()  # from here on, the session owns the slot and releases it
+        await tandem.aclose()  # from here on, the session ends the tandem
         raise
-    ip = access.enter(ws)
     sessions.add(session)
     try:
-        await session.run(handle)
+        await session.run(tandem)
     finally:
         sessions.discard(session)
-        access.leave(ip)

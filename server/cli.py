@@ -32,8 +32,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import asyncio
-
     import uvicorn
 
     from server.app import DrainingServer, create_app
@@ -63,7 +61,7 @@ def run_serve(args: argparse.Namespace) -> int:
             logger.info("stopped by a signal")
         return 0 if server.started else 1
     finally:
-        asyncio.run(services.aclose())
+        services.runtime.close()  # the LLM clients were closed on the server's loop
 
 
 def _interrupt(signum, frame) -> None:

@@ -1,4 +1,5 @@
-"""Prometheus metrics of the server, in a registry of its own (one per app)."""
+"""Prometheus metrics of the server, in a registry of its own (one per app); `SessionMetrics`
+observes a tandem session's events, the engine's counters are read at each scrape."""
 
 from __future__ import annotations
 
@@ -10,10 +11,22 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
+
+from kame.session_events import (
+    AssistantAudio,
+    FramesSkipped,
+    LLMAttempt,
+    OracleApplied,
+    OracleLead,
+    SessionEvent,
+    Transcript,
+)
 
 FRAME_S = 0.08
 _MS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 _S_BUCKETS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4)
+_LEAD_BUCKETS = (-3.2, -1.6, -0.8, -0.4, -0.2, 0.0, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4)
 
 
 class Metrics:
@@ -32,8 +45,8 @@ class Metrics:
         self.real_time_factor = Gauge("kame_real_time_factor", "last engine step time / 80 ms frame", registry=r)
         self.frame_latency = Histogram("kame_frame_latency_seconds", "audio frame in -> audio frame out, server side",
                                        buckets=_MS_BUCKETS, registry=r)
-        self.frames_dropped = Counter("kame_frames_dropped_total", "frames dropped by bounded queues",
-                                      ["direction"], registry=r)
+        self.frames_dropped = Counter("kame_frames_dropped_total", "frames dropped to stay live: in (the engine "
+                                      "skipped input), out (a client read too slowly)", ["direction"], registry=r)
         self.asr_partial_lag = Histogram("kame_asr_partial_lag_seconds",
                                          "wall time from the audio a partial covers to the partial", buckets=_S_BUCKETS,
                                          registry=r)
@@ -43,6 +56,14 @@ class Metrics:
                                     ["backend", "outcome"], registry=r)
         self.oracle_tokens = Counter("kame_oracle_tokens_total", "oracle tokens by fate", ["fate"], registry=r)
         self.protocol_errors = Counter("kame_protocol_errors_total", "malformed client messages", registry=r)
+        self.oracle_lead = Histogram("kame_oracle_lead_seconds", "end of the user's speech - the time the oracle "
+                                     "the answer used was applied (positive: speak while thinking)",
+                                     buckets=_LEAD_BUCKETS, registry=r)
+
+    def watch_runtime(self, runtime) -> None:
+        """Read the engine's slot count and counters at each scrape."""
+        self.free_slots.set_function(lambda: runtime.runner.free_slots)
+        self.registry.register(_RunnerCollector(runtime.runner))
 
     def on_step(self, seconds: float, batch: int) -> None:
         """Called from the engine thread after each batched step."""
@@ -53,3 +74,52 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _RunnerCollector:
+    """The engine thread's own counters (kame.frontend.runner.RunnerStats), as Prometheus counters."""
+
+    _help = {
+        "stale_dropped": "frames and oracle updates of a slot's previous occupant, dropped",
+        "skipped_frames": "input frames dropped to skip a session to live after a stall",
+        "overruns": "engine steps that ended after the next frame tick was due",
+    }
+
+    def __init__(self, runner) -> None:
+        self.runner = runner
+
+    def collect(self):
+        stats = self.runner.stats
+        for name, text in self._help.items():
+            yield CounterMetricFamily(f"kame_engine_{name}", text, value=getattr(stats, name))
+
+
+class SessionMetrics:
+    """An observer of one tandem session: its events become the server's metrics."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def on_input(self, pcm) -> None:
+        pass
+
+    def on_event(self, event: SessionEvent) -> None:
+        m = self.metrics
+        if isinstance(event, AssistantAudio) and event.latency_s is not None:
+            m.frame_latency.observe(event.latency_s)
+        elif isinstance(event, Transcript) and not event.final:
+            m.asr_partial_lag.observe(event.lag_s)
+        elif isinstance(event, OracleApplied):
+            seen = event.tokens - event.late_tokens
+            m.oracle_tokens.labels("applied" if event.accepted else "dropped").inc(
+                seen if event.accepted else event.tokens)
+            m.oracle_tokens.labels("late").inc(event.late_tokens)
+        elif isinstance(event, LLMAttempt):
+            if event.phase == "first_token":
+                m.llm_ttft.labels(event.backend).observe(event.latency_s or 0.0)
+            elif event.phase in ("done", "cancelled", "failed"):
+                m.llm_attempts.labels(event.backend, event.phase).inc()
+        elif isinstance(event, FramesSkipped):
+            m.frames_dropped.labels("in").inc(event.count)
+        elif isinstance(event, OracleLead):
+            m.oracle_lead.observe(event.lead_s)

@@ -4,10 +4,14 @@ Per session, DIR/<session id>/: `input.wav` (the user's audio, 24 kHz), `output.
 assistant's), `events.jsonl` (transcripts, LLM attempts, oracle updates with their frames, the
 assistant's text pieces, each with its time; an `end` event once the session is over). It
 stores people's voices and words: off by default; tell your users when you turn it on.
+
+The recorder observes a tandem session; its disk writes run on a thread of their own, in order,
+never on the event loop.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import time
 from pathlib import Path
@@ -16,29 +20,51 @@ import numpy as np
 import soundfile
 
 from kame.protocol import SAMPLE_RATE
+from kame.session_events import AssistantAudio, AssistantText, SessionEvent
+from server.events import wire_event
 
 
 class SessionRecorder:
     def __init__(self, root: Path, session_id: str, meta: dict) -> None:
         self.folder = root / session_id
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"kame-record-{session_id}")
+        self._started = time.monotonic()
+        self._writer.submit(self._open, meta)
+
+    def _open(self, meta: dict) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         self._input = soundfile.SoundFile(self.folder / "input.wav", "w", SAMPLE_RATE, 1, "PCM_16")
         self._output = soundfile.SoundFile(self.folder / "output.wav", "w", SAMPLE_RATE, 1, "PCM_16")
         self._events = (self.folder / "events.jsonl").open("w", buffering=1)  # line by line: readable live
-        self._started = time.monotonic()
-        self.write_event({"type": "session", **meta})
+        self._write_line({"t": 0.0, "type": "session", **meta})
 
-    def write_input(self, pcm: np.ndarray) -> None:
-        self._input.write(np.clip(pcm, -1, 1))
-
-    def write_output(self, pcm: np.ndarray) -> None:
-        self._output.write(np.clip(pcm, -1, 1))
+    def _write_line(self, line: dict) -> None:
+        self._events.write(json.dumps(line) + "\n")
 
     def write_event(self, event: dict) -> None:
-        self._events.write(json.dumps({"t": round(time.monotonic() - self._started, 3), **event}) + "\n")
+        line = {"t": round(time.monotonic() - self._started, 3), **event}
+        self._writer.submit(self._write_line, line)
+
+    # ---------------------------------------------------------------- a session observer
+
+    def on_input(self, pcm: np.ndarray) -> None:
+        self._writer.submit(self._input.write, np.clip(pcm, -1, 1))
+
+    def on_event(self, event: SessionEvent) -> None:
+        if isinstance(event, AssistantAudio):
+            self._writer.submit(self._output.write, np.clip(event.pcm, -1, 1))
+        elif isinstance(event, AssistantText):
+            self.write_event({"type": "text", "frame": event.frame, "text": event.text})
+        elif (wire := wire_event(event)) is not None:
+            self.write_event(wire.model_dump(exclude_none=True))
 
     def close(self) -> None:
+        """Finish the files (blocking until every write is done: call it off the event loop)."""
+        self._writer.submit(self._close)
+        self._writer.shutdown(wait=True)
+
+    def _close(self) -> None:
         self._input.close()
         self._output.close()
-        self.write_event({"type": "end"})  # the recording is complete: the WAV files are final
+        self._write_line({"t": round(time.monotonic() - self._started, 3), "type": "end"})  # the WAVs are final
         self._events.close()

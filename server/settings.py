@@ -14,6 +14,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from kame.backend.planner import DEFAULT_SYSTEM_PROMPT, PlannerConfig
 from kame.backend.profiles import DEFAULT_PROFILES, BackendProfile
 from kame.errors import KameError
+from kame.runtime import RuntimeSettings
+from kame.session import SessionConfig
 
 
 class SettingsError(KameError):
@@ -52,6 +54,8 @@ class PlannerSettings(BaseModel):
     restart_window_s: float = Field(2.0, gt=0)
     backoff_initial_s: float = Field(0.5, ge=0)
     backoff_max_s: float = Field(10.0, ge=0)
+    max_concurrent_streams: int = Field(4, ge=1)  # LLM streams that may run at once; the newest that speaks wins
+    keep_agreeing_oracle: bool = True  # a newer answer that repeats the oracle extends it instead of restarting it
 
 
 class ServerSettings(BaseSettings):
@@ -71,9 +75,11 @@ class ServerSettings(BaseSettings):
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     profiles: dict[str, ProfileSettings] = Field(default_factory=dict)  # added to / replacing the built-ins
     planner: PlannerSettings = Field(default_factory=PlannerSettings)
-    batch_window_ms: float = Field(20.0, ge=0, le=80)  # how long a ready session waits for the others
+    engine_clock: Literal["tick", "eager"] = "tick"  # tick: one batched step per 80 ms frame for every session
+    jitter_frames: int = Field(3, ge=0)  # input frames a session may queue before it skips to live (tick)
+    batch_window_ms: float = Field(20.0, ge=0, le=80)  # eager clock: how long a ready session waits for the others
     engine_threads: int | None = Field(None, ge=1)  # torch threads of the engine thread; None: 1 on CPU
-    max_pending_frames: int = Field(25, ge=1)  # input frames buffered per session (oldest dropped)
+    max_pending_frames: int = Field(25, ge=1)  # hard cap of a session's input frame queue (oldest dropped)
     send_queue_messages: int = Field(64, ge=4)  # output messages buffered per session (oldest audio dropped)
     max_message_bytes: int = Field(1 << 20, ge=1024)
     stats_interval_s: float = Field(1.0, gt=0)  # how often a session gets a stats event
@@ -134,14 +140,24 @@ class ServerSettings(BaseSettings):
             return "openai", "OPENAI_API_KEY is set"
         return "embedded", "no OPENAI_API_KEY: the small in-process model (a demo; set a key or --llm for real answers)"
 
-    def resolved_frontend(self, cuda: bool) -> str:
-        return self.frontend or ("SakanaAI/kame" if cuda else "tiny-copy")
-
-    def resolved_asr(self, cuda: bool) -> str:
-        return self.asr or ("kyutai-stt" if cuda else "whisper")
-
     def planner_config(self) -> PlannerConfig:
         return PlannerConfig(system_prompt=self.system_prompt, **self.planner.model_dump())
+
+    def runtime_settings(self) -> RuntimeSettings:
+        """The library runtime's part of the settings."""
+        return RuntimeSettings(
+            frontend=self.frontend, device=self.device, max_sessions=self.max_sessions, asr=self.asr,
+            asr_model=self.asr_model, profiles=self.all_profiles(), default_profile=self.default_profile,
+            planner=self.planner_config(), engine_clock=self.engine_clock, jitter_frames=self.jitter_frames,
+            batch_window_s=self.batch_window_ms / 1000, max_pending_frames=self.max_pending_frames,
+            engine_threads=self.engine_threads, breaker_failures=self.breaker_failures,
+            breaker_cooldown_s=self.breaker_cooldown_s)
+
+    def session_config(self, **overrides: object) -> SessionConfig:
+        """A session's settings: the server's, with what the client asked for."""
+        defaults = {"output_frames": self.send_queue_messages, "stats_interval_s": self.stats_interval_s,
+                    "asr_stall_s": self.asr_stall_s}
+        return SessionConfig(**(defaults | overrides))
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,

@@ -37,7 +37,7 @@ def running_server(**settings_kw):
     finally:
         server.should_exit = True
         thread.join(15)
-        asyncio.run(services.aclose())
+        services.runtime.close()
 
 
 class Recording:

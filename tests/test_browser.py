@@ -112,7 +112,7 @@ def test_page_explains_a_refused_connection_and_offers_retry(tandem_server, ques
 
     async def scenario():
         holders = []
-        while len(holders) <= services.engine.batch_size:  # fill every slot, whatever earlier tests left
+        while len(holders) <= services.runtime.engine.batch_size:  # fill every slot, whatever earlier tests left
             try:
                 holders.append(await KameClient.connect(url + "/api/chat"))
             except ServerBusy:

@@ -58,3 +58,17 @@ def test_talk_without_an_audio_device_is_a_clear_message(capsys):
     assert code == 2 and err.startswith("kame: error:")
     assert "PortAudio" in err or "microphone" in err
     assert "Traceback" not in err
+
+
+def test_the_wire_clients_need_no_torch():
+    """client/ speaks the protocol with the codec and audio helpers only: no torch, moshi or ASR."""
+    import subprocess
+    import sys
+
+    modules = ["client.client", "client.conversation", "client.talk", "client.loadgen", "client.replay",
+               "client.cli", "client.bench"]
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in modules) +
+            "heavy = sorted(m for m in ('torch', 'moshi', 'faster_whisper', 'transformers') if m in sys.modules)\n"
+            "print(','.join(heavy))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.strip() == "", f"client/ imported {result.stdout.strip()}"

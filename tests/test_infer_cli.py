@@ -96,3 +96,25 @@ def test_bench_frontend_reports_each_batch(capsys, tmp_path):
     assert [r["batch"] for r in result["rows"]] == [1, 2]
     assert all(r["lm_ms"] > 0 and r["frame_ms"] >= r["lm_ms"] for r in result["rows"])
     assert "| batch |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_infer_with_an_llm_runs_the_whole_tandem_in_process(scripted_llm, tmp_path, capsys):
+    """A recorded question through a real TandemSession: Whisper, the planner, the LLM, no server."""
+    question = Path(__file__).parent / "fixtures" / "question.wav"
+    code = main(["infer", "--frontend", "tiny-copy", "--device", "cpu", "--input", str(question), "--output",
+                 str(tmp_path / "a.wav"), "--llm-base-url", scripted_llm.base_url, "--llm-model", "m",
+                 "--asr", "whisper", "--tail", "3"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "final   What is the capital of France?" in out
+    assert "oracle  reset" in out
+    assert out.strip().splitlines()[-1].startswith("assistant:") and "Paris" in out.splitlines()[-1]
+    audio, rate = sphn.read(str(tmp_path / "a.wav"))
+    assert rate == 24000 and audio.shape[1] >= 24000 * 4  # the question and the tail came back as audio
+
+
+def test_infer_refuses_a_scripted_oracle_with_an_llm(question_wav, tmp_path, capsys):
+    code = main(["infer", "--frontend", "tiny-copy", "--input", str(question_wav), "--output", str(tmp_path / "a.wav"),
+                 "--llm", "local", "--oracle", "hello"])
+    assert code == 2 and "one or the other" in capsys.readouterr().err

@@ -83,7 +83,7 @@ def test_audio_faster_than_real_time_is_bounded(tiny_copy):
             await client.send_pcm(np.zeros(24000 * 10, np.float32))  # 10 s at once
             await asyncio.sleep(2.5)
             await stream_realtime(client, SECOND)
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(1.3)  # a stats event (one a second) after the last frame came back
             await finish(client, task)
             return got
 
@@ -181,7 +181,7 @@ def test_llm_faults_degrade_to_plain_moshi_and_open_the_circuit(caplog):
     try:
         with running_server(asr="none", llm="flaky", profiles=profiles, breaker_failures=2,
                             breaker_cooldown_s=60) as (url, services):
-            services.asr = ScriptedAsr(script)
+            services.runtime.asr = ScriptedAsr(script)
 
             async def scenario():
                 results = []
@@ -207,7 +207,7 @@ def test_llm_faults_degrade_to_plain_moshi_and_open_the_circuit(caplog):
 def test_asr_failure_and_stall_leave_the_session_running():
     for asr, expected in ((ScriptedAsr(fail_at_s=0.5), "scripted ASR failure"), (ScriptedAsr(stall=True), "behind")):
         with running_server(asr="none", asr_stall_s=1.0) as (url, services):
-            services.asr = asr
+            services.runtime.asr = asr
 
             async def scenario():
                 client, got, task = await open_recording(url)
@@ -224,7 +224,7 @@ def test_asr_failure_and_stall_leave_the_session_running():
 
 def test_engine_failure_ends_the_session_with_an_error_and_the_engine_goes_on(monkeypatch):
     with running_server(asr="none", max_sessions=2) as (url, services):
-        original = services.engine.step
+        original = services.runtime.engine.step
         calls = {"n": 0}
 
         def failing_once(frames, timings=None):
@@ -233,7 +233,7 @@ def test_engine_failure_ends_the_session_with_an_error_and_the_engine_goes_on(mo
                 raise RuntimeError("simulated device fault")
             return original(frames, timings)
 
-        monkeypatch.setattr(services.engine, "step", failing_once)
+        monkeypatch.setattr(services.runtime.engine, "step", failing_once)
 
         async def scenario():
             client, got, task = await open_recording(url)
@@ -254,6 +254,7 @@ def test_engine_failure_ends_the_session_with_an_error_and_the_engine_goes_on(mo
 def test_out_of_memory_at_start_names_the_setting(monkeypatch):
     import torch
 
+    from kame import runtime as runtime_module
     from kame.errors import FrontendLoadError
     from server import services as services_module
     from server.settings import load_settings
@@ -261,7 +262,7 @@ def test_out_of_memory_at_start_names_the_setting(monkeypatch):
     def no_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(services_module, "BatchedEngine", no_memory)
+    monkeypatch.setattr(runtime_module, "BatchedEngine", no_memory)
     with pytest.raises(FrontendLoadError, match="--max-sessions"):
         services_module.Services.start(load_settings(None, frontend="tiny-copy", device="cpu", asr="none"))
 
@@ -276,7 +277,7 @@ def test_secrets_never_leak(caplog, monkeypatch, capfd):
     caplog.set_level(logging.DEBUG)
     try:
         with running_server(asr="none", llm="keyed", profiles=profiles, auth_tokens=[secret_token]) as (url, services):
-            services.asr = ScriptedAsr(script)
+            services.runtime.asr = ScriptedAsr(script)
 
             async def session():
                 client = await KameClient.connect(f"{url}/api/chat?token={secret_token}")

@@ -151,6 +151,6 @@ def test_disconnect_frees_the_slot(tiny_copy):
         got = asyncio.run(scenario())
         assert sum(len(m.pcm) for m in got.audio) >= 3 * 1920
         deadline = time.monotonic() + 5
-        while services.runner.free_slots != 1 and time.monotonic() < deadline:
+        while services.runtime.runner.free_slots != 1 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert services.runner.free_slots == 1
+        assert services.runtime.runner.free_slots == 1

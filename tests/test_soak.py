@@ -29,9 +29,9 @@ def test_short_soak(voices):
             http = url.replace("ws://", "http://")
             healthy = urllib.request.urlopen(http + "/healthz", timeout=5).status == 200
             deadline = time.monotonic() + 10
-            while services.runner.free_slots != 4 and time.monotonic() < deadline:
+            while services.runtime.runner.free_slots != 4 and time.monotonic() < deadline:
                 time.sleep(0.1)
-            free = services.runner.free_slots
+            free = services.runtime.runner.free_slots
             growth = rss_mb() - before
     finally:
         llm.stop_thread()

@@ -1,0 +1,181 @@
+"""What a process loads once and shares between its sessions: the front-end and its batched engine
+on the engine thread, the ASR engine, and the LLM clients of the backend profiles (each behind a
+circuit breaker). Built from a plain `RuntimeSettings`; transports build that from their config.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+
+from kame.asr import AsrEngine, build_asr
+from kame.audio import FRAME_SIZE
+from kame.backend import make_llm
+from kame.backend.breaker import CircuitBreakerLLM
+from kame.backend.llm import LLMClient
+from kame.backend.planner import PlannerConfig
+from kame.backend.profiles import DEFAULT_PROFILES, BackendProfile
+from kame.errors import FrontendLoadError
+from kame.frontend.engine import BatchedEngine
+from kame.frontend.loader import Frontend, load_frontend, resolve_device
+from kame.frontend.runner import EngineRunner
+
+logger = logging.getLogger(__name__)
+
+OFFLINE_DEMO_HINT = "for the offline CPU demo run: kame serve --frontend tiny-copy"
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    frontend: str | None = None  # preset, directory or HF repo; None: SakanaAI/kame with a GPU, else tiny-copy
+    device: str = "auto"  # auto | cpu | cuda
+    max_sessions: int | None = None  # engine slots; None: 32 on a GPU, 4 on a CPU
+    asr: str | None = None  # whisper | kyutai-stt | none; None: kyutai-stt with a GPU, else whisper
+    asr_model: str | None = None
+    asr_realtime: bool = True  # False: audio arrives faster than real time (files), whisper decodes each interval
+    profiles: Mapping[str, BackendProfile] = field(default_factory=lambda: dict(DEFAULT_PROFILES))
+    default_profile: str = "embedded"
+    planner: PlannerConfig = PlannerConfig()
+    engine_clock: Literal["tick", "eager"] = "tick"  # tick: one batched step per 80 ms for every session
+    jitter_frames: int = 3  # input frames a session may queue before it skips to live (tick clock)
+    batch_window_s: float = 0.02  # eager clock: how long a ready session waits for the others
+    max_pending_frames: int = 25  # hard cap of a session's input queue
+    engine_threads: int | None = None  # torch threads of the engine thread; None: 1 on a CPU
+    breaker_failures: int = 5  # LLM failures in a row (per profile) that open its circuit ...
+    breaker_cooldown_s: float = 30.0  # ... for this long
+
+    def resolved_frontend(self, cuda: bool) -> str:
+        return self.frontend or ("SakanaAI/kame" if cuda else "tiny-copy")
+
+    def resolved_asr(self, cuda: bool) -> str:
+        return self.asr or ("kyutai-stt" if cuda else "whisper")
+
+
+@dataclass
+class Runtime:
+    settings: RuntimeSettings
+    frontend: Frontend
+    engine: BatchedEngine
+    runner: EngineRunner
+    asr: AsrEngine
+    _llms: dict[str, LLMClient] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, settings: RuntimeSettings, on_step: Callable[[float, int], None] | None = None) -> Runtime:
+        """Load and warm every model (blocking: run it off the event loop); one log line per stage."""
+        device = resolve_device(settings.device)
+        cuda = device.type == "cuda"
+        source = settings.resolved_frontend(cuda)
+        if settings.frontend is None:
+            logger.info("no --frontend given: %s (%s)", source, "a GPU is present" if cuda else
+                        "no GPU: the offline demo; real weights: --frontend SakanaAI/kame --device cuda")
+        logger.info("[1/4] loading front-end %s on %s", source, device)
+        try:
+            frontend = load_frontend(source, device)
+        except FrontendLoadError as exc:
+            hint = f"; {OFFLINE_DEMO_HINT}" if device.type == "cpu" else ""
+            raise FrontendLoadError(f"{exc}{hint}") from exc
+        if source == "tiny-copy":
+            logger.warning("tiny-copy is an untrained demo front-end: its audio is noise, its text repeats the "
+                           "oracle. For real speech use --frontend SakanaAI/kame on a GPU.")
+        engine, runner = _start_engine(settings, frontend, cuda, on_step)
+        asr_name = settings.resolved_asr(cuda)
+        logger.info("[3/4] loading ASR %s", asr_name)
+        asr = build_asr(asr_name, settings.asr_model, settings.device, max_sessions=engine.batch_size,
+                        realtime=settings.asr_realtime)
+        logger.info("[4/4] LLM backend profiles: %s; default %s", ", ".join(settings.profiles),
+                    settings.default_profile)
+        runtime = cls(settings, frontend, engine, runner, asr)
+        if settings.profiles[settings.default_profile].kind == "embedded":
+            started = time.perf_counter()
+            runtime.llm(settings.default_profile).wait_ready()
+            logger.info("embedded LLM loaded in %.1f s", time.perf_counter() - started)
+        return runtime
+
+    @property
+    def profiles(self) -> Mapping[str, BackendProfile]:
+        return self.settings.profiles
+
+    @property
+    def default_profile(self) -> str:
+        return self.settings.default_profile
+
+    @property
+    def planner(self) -> PlannerConfig:
+        return self.settings.planner
+
+    def llm(self, name: str) -> LLMClient:
+        """The profile's client, shared by every session, behind the profile's circuit breaker."""
+        if name not in self._llms:
+            self._llms[name] = CircuitBreakerLLM(make_llm(self.profiles[name]), self.settings.breaker_failures,
+                                                 self.settings.breaker_cooldown_s)
+        return self._llms[name]
+
+    def health(self) -> dict:
+        return {
+            "status": "ready", "frontend": self.frontend.source, "device": str(self.frontend.device),
+            "asr": self.asr.name, "llm": self.default_profile,
+            "llm_profiles": [p.public() for p in self.profiles.values()],
+            "max_sessions": self.engine.batch_size, "free_slots": self.runner.free_slots,
+        }
+
+    async def aclose_llms(self) -> None:
+        """Close the LLM clients: on the event loop that used them."""
+        llms, self._llms = list(self._llms.values()), {}
+        for llm in llms:
+            await llm.aclose()
+
+    def close(self) -> None:
+        """Stop the engine thread and release the models (after `aclose_llms`)."""
+        self.asr.close()
+        self.runner.stop()
+        self.engine.close()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    async def aclose(self) -> None:
+        await self.aclose_llms()
+        self.close()
+
+
+def _start_engine(settings: RuntimeSettings, frontend: Frontend, cuda: bool, on_step) -> tuple:
+    sessions = settings.max_sessions or (32 if cuda else 4)
+    logger.info("[2/4] starting the batched engine: %d session slots, %s clock", sessions, settings.engine_clock)
+    try:
+        engine = BatchedEngine(frontend, sessions)
+        threads = settings.engine_threads or (None if cuda else 1)
+        runner = EngineRunner(engine, clock=settings.engine_clock, jitter_frames=settings.jitter_frames,
+                              batch_window_s=settings.batch_window_s, max_pending_frames=settings.max_pending_frames,
+                              on_step=on_step, torch_threads=threads).start()
+        _warm_up(runner)
+    except torch.OutOfMemoryError as exc:
+        raise FrontendLoadError(
+            f"out of device memory with {sessions} session slots ({exc}); lower --max-sessions "
+            "(max_sessions in the config, KAME_MAX_SESSIONS)") from exc
+    return engine, runner
+
+
+def _warm_up(runner: EngineRunner, frames: int = 3) -> None:
+    """Step one slot a few frames so first-call costs are paid before any user connects."""
+    started = time.perf_counter()
+    done: list = []
+    finished = threading.Event()
+
+    def on_output(output) -> None:
+        done.append(output)
+        if len(done) >= frames:
+            finished.set()
+
+    handle = runner.acquire(on_output)
+    for _ in range(frames):
+        handle.push_frame(np.zeros(FRAME_SIZE, dtype=np.float32))
+    finished.wait(120)
+    handle.release()
+    logger.info("engine warm (%d frames in %.2f s)", len(done), time.perf_counter() - started)

@@ -1,0 +1,186 @@
+"""The tandem session's promises, end to end on the real server: a reused slot starts clean, the
+oracle arrives while the user is still talking, and out-of-phase sessions share engine steps."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from client.client import KameClient, ServerBusy
+from kame.asr.events import FinalTranscript, PartialTranscript
+from kame.testing.fakes import ScriptedAsr
+from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
+from server.settings import ProfileSettings
+
+from .conftest import words
+from .server_harness import Recording, record, running_server, stream_realtime
+
+ANSWER = "Paris is the capital of France"
+
+
+def _scripted_profile(server: ScriptedOpenAIServer) -> dict:
+    return {"scripted": ProfileSettings(base_url=server.base_url, model="m", api_key_env=None)}
+
+
+class _SlowClosingAsr(ScriptedAsr):
+    """A scripted ASR whose streams take `close_s` to close: it holds the window between a user
+    hanging up and the session's end wide open. Only the first stream hears the script."""
+
+    def __init__(self, script, close_s: float) -> None:
+        super().__init__(script)
+        self.close_s = close_s
+
+    def open_stream(self):
+        stream = super().open_stream()
+        self.script = []  # the next user says nothing
+        close = stream.aclose
+
+        async def slow_close() -> None:
+            await asyncio.sleep(self.close_s)
+            await close()
+
+        stream.aclose = slow_close
+        return stream
+
+
+async def _connect_when_free(url: str, limit_s: float = 10.0) -> KameClient:
+    """Connect as soon as the one slot is free (a busy server refuses with HTTP 503)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            return await KameClient.connect(url + "/api/chat", events=True)
+        except ServerBusy:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_an_answer_in_flight_never_reaches_the_next_user_of_the_slot():
+    llm = ScriptedOpenAIServer(default=ScriptedReply(text=ANSWER + ".", first_token_delay_s=2.0))
+    llm.start_in_thread()
+    script = [(0.4, FinalTranscript("what is the capital of France", 0.0, 0.4))]
+    try:
+        with running_server(asr="none", max_sessions=1, llm="scripted", profiles=_scripted_profile(llm)) as (
+                url, services):
+            services.runtime.asr = _SlowClosingAsr(script, close_s=3.0)
+
+            async def scenario() -> tuple[Recording, float]:
+                a = await KameClient.connect(url + "/api/chat", events=True)
+                got_a = Recording()
+                task_a = asyncio.create_task(record(a, got_a))
+                await stream_realtime(a, np.zeros(int(24000 * 0.8), np.float32))
+                for _ in range(100):  # A's question reaches the LLM, 2 s from its first word
+                    if llm.requests:
+                        break
+                    await asyncio.sleep(0.02)
+                asked_at = time.monotonic()
+                await a.close()  # A hangs up with the answer in flight
+                await task_a
+                b = await _connect_when_free(url)
+                got_b = Recording()
+                task_b = asyncio.create_task(record(b, got_b))
+                await stream_realtime(b, np.zeros(24000 * 4, np.float32))  # B stays silent past the answer
+                await asyncio.sleep(0.3)
+                await b.close()
+                await task_b
+                return got_b, time.monotonic() - asked_at
+
+            got_b, waited = asyncio.run(scenario())
+    finally:
+        llm.stop_thread()
+    assert waited > 2.5  # B was there when A's answer came out of the LLM
+    assert len(llm.requests) == 1
+    assert got_b.of("ready") and not got_b.of("oracle") and not got_b.of("llm")
+    assert not set(words(got_b.text_stream)) & {"paris", "capital", "france"}, got_b.text_stream
+
+
+@pytest.mark.slow
+def test_the_oracle_reaches_the_front_end_while_the_user_is_still_talking():
+    """A 9.5 s question, an LLM 1.2 s from its first word, a partial every 0.5 s: with overlapping
+    streams the oracle is in place seconds before the user stops (restarts used to starve it)."""
+    question = "what is the capital of France and why is it such a famous city for people all over the world"
+    spoken = question.split()
+    script = [(0.5 * (i + 1), PartialTranscript(" ".join(spoken[:i + 1]), 0.0, 0.5 * (i + 1)))
+              for i in range(len(spoken))]
+    end_s = 0.5 * len(spoken)
+    script.append((end_s + 0.2, FinalTranscript(question, 0.0, end_s)))
+
+    def answer(body: dict) -> ScriptedReply:
+        heard = body["messages"][-1]["content"].split("\n")[-1].lower()
+        text = ANSWER if "france" in heard else "Let me think about that"
+        return ScriptedReply(text=text + ".", first_token_delay_s=1.2)
+
+    llm = ScriptedOpenAIServer(answer)
+    llm.start_in_thread()
+    try:
+        with running_server(asr="none", max_sessions=1, llm="scripted", profiles=_scripted_profile(llm)) as (
+                url, services):
+            services.runtime.asr = ScriptedAsr(script)
+
+            async def scenario() -> tuple[Recording, float, float]:
+                client = await KameClient.connect(url + "/api/chat", events=True)
+                got = Recording()
+                task = asyncio.create_task(record(client, got))
+                started = time.monotonic()
+                await stream_realtime(client, np.zeros(int(24000 * (end_s + 0.3)), np.float32))
+                stopped = time.monotonic()
+                await stream_realtime(client, np.zeros(24000 * 4, np.float32))
+                await asyncio.sleep(0.3)
+                await client.close()
+                await task
+                return got, started, stopped
+
+            got, started, stopped = asyncio.run(scenario())
+            lead = services.metrics.oracle_lead
+    finally:
+        llm.stop_thread()
+    resets = [m for m in got.events if m.event.type == "oracle" and m.event.op == "reset" and m.event.accepted]
+    assert resets, "no oracle reached the front-end"
+    first_at = resets[0].received_s
+    assert stopped - first_at > 3.0, f"first oracle only {stopped - first_at:.2f} s before the user stopped"
+    assert first_at - started < 0.5 * 2 + 1.2 + 1.0  # ~1.2 s after the first trigger (two words in)
+    assert len(llm.requests) >= 8  # restarted as the user spoke, streams overlapping
+    oracle_words = words(" ".join(m.event.text for m in got.events if m.event.type == "oracle"
+                                  and m.event.accepted and m.received_s >= resets[-1].received_s))
+    assert oracle_words == words(ANSWER)  # the answer in place at the end is the whole question's
+    assert set(words(ANSWER)) <= set(words(got.text_stream))  # and tiny-copy said it
+    leads = got.of("oracle_lead")
+    assert leads and leads[-1].lead_s > 1.0  # the answer's oracle was in place > 1 s before the end
+    assert lead._sum.get() == pytest.approx(sum(e.lead_s for e in leads), abs=0.01)
+
+
+@pytest.mark.slow
+def test_eight_out_of_phase_sessions_share_one_step_per_frame():
+    with running_server(asr="none", max_sessions=8) as (url, services):
+        async def one(offset_s: float, seconds: float) -> tuple[int, int, float]:
+            await asyncio.sleep(offset_s)
+            client = await KameClient.connect(url + "/api/chat", audio="pcm")
+            got = Recording()
+            task = asyncio.create_task(record(client, got))
+            began = time.monotonic()
+            await stream_realtime(client, np.zeros(int(24000 * seconds), np.float32))
+            sent = time.monotonic() - began
+            await asyncio.sleep(0.3)
+            await client.close()
+            await task
+            return int(24000 * seconds) // 1920, sum(len(m.pcm) for m in got.audio) // 1920, sent
+
+        async def scenario():
+            return await asyncio.gather(*(one(0.01 * i, 6.0) for i in range(8)))
+
+        metrics = services.metrics
+        steps0, frames0 = metrics.engine_steps._value.get(), metrics.frames_stepped._value.get()
+        began = time.monotonic()
+        results = asyncio.run(scenario())
+        elapsed = time.monotonic() - began
+        steps = metrics.engine_steps._value.get() - steps0
+        frames = metrics.frames_stepped._value.get() - frames0
+    assert frames / steps > 6.5, f"mean batch {frames / steps:.2f}"
+    assert steps / elapsed < 14.0, f"{steps / elapsed:.1f} steps/s"
+    for sent, received, seconds in results:
+        assert seconds < 6.5  # each client kept real time ...
+        assert received >= sent - 4  # ... and got its audio back (skips to live allowed for a stall)
