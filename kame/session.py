@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -37,7 +38,7 @@ from kame.backend.planner import (
     PlannerEvent,
 )
 from kame.codec import FrameSplitter
-from kame.errors import SessionError, SlotsBusy
+from kame.errors import EngineError, SessionError, SlotsBusy
 from kame.frontend.engine import FrameOutput
 from kame.frontend.oracle import OracleOp, OracleUpdate, piece_text
 from kame.queues import DropOldestQueue
@@ -189,7 +190,8 @@ class TandemSession:
         if self._asr is not None:
             await self._asr.aclose()
         if self.handle is not None:
-            self.handle.release()
+            with contextlib.suppress(EngineError):  # a runner that stopped has no slot to give back
+                await asyncio.wrap_future(self.handle.release())
         self._events.put(_END)
         logger.info("session %s ended after %d frames", self.id, self.frames_in)
 
@@ -274,11 +276,13 @@ class TandemSession:
 
     # ---------------------------------------------------------------- engine thread -> loop
 
-    def _on_output_threadsafe(self, output: FrameOutput) -> None:
-        self._loop.call_soon_threadsafe(self._outputs.put_nowait, output)
+    def _on_output_threadsafe(self, output: FrameOutput | BaseException) -> None:
+        if self._closed:
+            return  # a frame that was in the engine when the session ended
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens any more
+            self._loop.call_soon_threadsafe(self._outputs.put_nowait, output)
 
-    def _on_error_threadsafe(self, exc: BaseException) -> None:
-        self._loop.call_soon_threadsafe(self._outputs.put_nowait, exc)
+    _on_error_threadsafe = _on_output_threadsafe
 
     async def _engine_events(self) -> None:
         tokenizer = self.runtime.frontend.tokenizer

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+from websockets.exceptions import InvalidStatus
 
 from client.client import KameClient, ServerBusy
 from kame.asr.events import FinalTranscript, PartialTranscript
@@ -184,3 +185,35 @@ def test_eight_out_of_phase_sessions_share_one_step_per_frame():
     for sent, received, seconds in results:
         assert seconds < 6.5  # each client kept real time ...
         assert received >= sent - 4  # ... and got its audio back (skips to live allowed for a stall)
+
+
+def test_connections_at_once_respect_the_address_limit_and_the_free_slots_gauge():
+    """Check and count of the per-address limit happen in one step: ten connections at once get two
+    sessions; kame_free_slots follows every slot taken and given back."""
+    import urllib.request
+
+    from client.bench import http_base
+
+    with running_server(asr="none", max_sessions=4, max_connections_per_ip=2) as (url, services):
+        def free_slots() -> float:
+            with urllib.request.urlopen(http_base(url) + "/metrics", timeout=10) as response:
+                text = response.read().decode()
+            return float(next(line.split()[1] for line in text.splitlines() if line.startswith("kame_free_slots ")))
+
+        async def scenario():
+            tries = await asyncio.gather(*(KameClient.connect(url + "/api/chat") for _ in range(10)),
+                                         return_exceptions=True)
+            clients = [c for c in tries if isinstance(c, KameClient)]
+            refused = [e for e in tries if isinstance(e, InvalidStatus)]
+            held = await asyncio.to_thread(free_slots)
+            for client in clients:
+                await client.close()
+            return len(clients), [e.response.status_code for e in refused], held
+
+        accepted, refused, held = asyncio.run(scenario())
+        deadline = time.monotonic() + 5
+        while free_slots() != 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        after = free_slots()
+    assert accepted == 2 and refused == [429] * 8
+    assert held == 2 and after == 4

@@ -79,6 +79,7 @@ class SlotHandle:
         self.runner, self.slot = runner, slot
         self._inbox = inbox
         self.closed = False
+        self._released: concurrent.futures.Future | None = None
 
     @property
     def generation(self) -> int:
@@ -107,10 +108,12 @@ class SlotHandle:
         """Frames of this acquisition that were never stepped (queue cap or skip to live)."""
         return self._inbox.dropped_frames
 
-    def release(self) -> None:
+    def release(self) -> concurrent.futures.Future:
+        """Give the slot back; the future is done once the engine thread has freed it."""
         if not self.closed:
             self.closed = True
-            self.runner._release(self.slot, self.generation)
+            self._released = self.runner._release(self.slot, self.generation)
+        return self._released
 
 
 class EngineRunner:
@@ -208,7 +211,7 @@ class EngineRunner:
     def free_slots(self) -> int:
         return self.engine.free_slots
 
-    def _release(self, slot: int, generation: int) -> None:
+    def _release(self, slot: int, generation: int) -> concurrent.futures.Future:
         def _do() -> None:
             with self._cond:
                 inbox = self._inboxes.get(slot)
@@ -217,7 +220,7 @@ class EngineRunner:
                 del self._inboxes[slot]
                 self.stats.stale_dropped += len(inbox.frames) + len(inbox.updates)  # left behind, never applied
             self.engine.release(slot)
-        self._call(_do)
+        return self._call(_do)
 
     def _call(self, fn: Callable[[], object]) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
