@@ -1,24 +1,31 @@
-"""`kame replay DIR --llm PROFILE`: send a recorded session's audio through the server again,
-with another backend or prompt, and compare what the assistant said (regressions, A/B tests)."""
+"""`kame replay DIR --llm PROFILE`: send a recorded session's audio through the server again (`--url`),
+or a tandem session in this process (`--in-process`), with another backend or prompt, and compare
+what the assistant said (regressions, A/B tests)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from kame.errors import KameError
+from kame.eval.inprocess import CUSTOM, add_in_process_args, check_in_process_args
+
+DEFAULT_URL = "ws://127.0.0.1:8998/api/chat"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     replay = sub.add_parser("replay", help="re-run recorded sessions (kame serve --record) with another backend")
     replay.add_argument("recording", help="a session folder of a --record DIR, or the DIR itself (all sessions)")
-    replay.add_argument("--llm", required=True, help="the server's backend profile to use this time")
-    replay.add_argument("--url", default="ws://127.0.0.1:8998/api/chat")
+    replay.add_argument("--llm", default=None, help="the backend profile to use this time: the server's, or with "
+                                                    f"--in-process a built-in one ({CUSTOM!r} with --llm-model)")
+    replay.add_argument("--url", default=None, help=f"the server's websocket (default {DEFAULT_URL})")
     replay.add_argument("--system-prompt", default=None)
-    replay.add_argument("--fast", action="store_true", help="send as fast as the server answers")
+    replay.add_argument("--fast", action="store_true", help="send as fast as the server (or engine) answers")
     replay.add_argument("--tail", type=float, default=0.0, help="extra silence after the recorded audio")
+    add_in_process_args(replay)
     replay.set_defaults(func=run_replay)
 
 
@@ -37,14 +44,39 @@ def said(folder: Path) -> str:
 
 
 def run_replay(args: argparse.Namespace) -> int:
+    check_in_process_args(args, DEFAULT_URL)
+    if args.llm is None and args.llm_model is None:
+        raise KameError("--llm PROFILE is needed (or, with --in-process, --llm-base-url and --llm-model)")
+    args.llm = args.llm or CUSTOM
+    folders = sessions_in(Path(args.recording))
+    if args.in_process:
+        return _in_process(args, folders)
     from client.conversation import converse
+
+    async def talk(pcm):
+        return await converse(args.url, pcm, realtime=not args.fast, tail_s=args.tail, backend=args.llm,
+                              system_prompt=args.system_prompt)
+
+    return asyncio.run(replay_all(folders, talk, args.llm))
+
+
+def _in_process(args: argparse.Namespace, folders: list[Path]) -> int:
+    from kame.eval.harness import Mode
+    from kame.eval.inprocess import in_process_source, run_in_process, start_runtime
+
+    runtime = start_runtime(args, [args.llm], realtime=not args.fast)
+    source = in_process_source(runtime, args.tail, realtime=not args.fast, system_prompt=args.system_prompt)
+    mode = Mode(f"replay {args.llm}", backend=args.llm)
+    return run_in_process(runtime, lambda: replay_all(folders, lambda pcm: source(pcm, mode), args.llm))
+
+
+async def replay_all(folders: list[Path], talk: Callable[..., Awaitable], llm: str) -> int:
+    """Each recording through `talk(pcm)` (a conversation in the wire's shape); its outputs beside it."""
     from kame.audio import read_audio, write_wav
 
-    for folder in sessions_in(Path(args.recording)):
-        pcm = read_audio(folder / "input.wav")
-        conv = asyncio.run(converse(args.url, pcm, realtime=not args.fast, tail_s=args.tail, backend=args.llm,
-                                    system_prompt=args.system_prompt))
-        out = folder / f"replay-{args.llm}"
+    for folder in folders:
+        conv = await talk(read_audio(folder / "input.wav"))
+        out = folder / f"replay-{llm}"
         out.mkdir(exist_ok=True)
         write_wav(out / "output.wav", conv.assistant_audio)
         with (out / "events.jsonl").open("w") as handle:
@@ -52,6 +84,6 @@ def run_replay(args: argparse.Namespace) -> int:
                 handle.write(json.dumps({"t": round(t, 3), **event}) + "\n")
             for t, piece in conv.text:
                 handle.write(json.dumps({"t": round(t, 3), "type": "text", "text": piece}) + "\n")
-        print(json.dumps({"session": folder.name, "llm": args.llm, "recorded": said(folder),
+        print(json.dumps({"session": folder.name, "llm": llm, "recorded": said(folder),
                           "replayed": conv.assistant_text, "output": str(out)}))
     return 0

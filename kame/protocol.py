@@ -11,11 +11,22 @@ from __future__ import annotations
 
 import enum
 import json
+from dataclasses import asdict
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from kame.audio import FRAME_SIZE, SAMPLE_RATE  # named once in kame.audio; clients take them from here
+from kame.session_events import (
+    AsrFailed,
+    BackendChanged,
+    LLMAttempt,
+    OracleApplied,
+    OracleLead,
+    SessionEvent,
+    SessionFailed,
+    Transcript,
+)
 
 
 class Kind(enum.IntEnum):
@@ -154,6 +165,27 @@ def parse_event(payload: bytes) -> ServerEvent:
         return _server_events.validate_json(payload)
     except ValidationError as exc:
         raise ProtocolError(f"bad event: {_first_error(exc)}") from exc
+
+
+def wire_event(event: SessionEvent) -> _Event | None:
+    """The JSON event a client with ?events=1 gets for a tandem session's `event` (the recorder and
+    in-process runs write the same); None: no JSON event (audio, text and stats have their own)."""
+    if isinstance(event, Transcript):
+        return TranscriptEvent(final=event.final, text=event.text, start_s=event.start_s, end_s=event.end_s)
+    if isinstance(event, OracleApplied):
+        return OracleEvent(op=event.op, epoch=event.epoch, text=event.text, tokens=event.tokens, frame=event.frame,
+                           accepted=event.accepted, late_tokens=event.late_tokens)
+    if isinstance(event, LLMAttempt):
+        return LLMEvent(**asdict(event))
+    if isinstance(event, OracleLead):
+        return OracleLeadEvent(lead_s=event.lead_s, epoch=event.epoch)
+    if isinstance(event, BackendChanged):
+        return BackendEvent(name=event.name, model=event.model, system_prompt=event.system_prompt)
+    if isinstance(event, AsrFailed):
+        return AsrStatusEvent(status="failed", message=event.message)
+    if isinstance(event, SessionFailed):
+        return ErrorEvent(code=event.code, message=event.message)
+    return None
 
 
 # ----------------------------------------------------------------- client -> server messages

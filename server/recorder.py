@@ -19,9 +19,8 @@ from pathlib import Path
 import numpy as np
 import soundfile
 
-from kame.protocol import SAMPLE_RATE
+from kame.protocol import SAMPLE_RATE, wire_event
 from kame.session_events import AssistantAudio, AssistantText, SessionEvent
-from server.events import wire_event
 
 
 class SessionRecorder:

@@ -29,12 +29,12 @@ from kame.protocol import (
     encode,
     encode_event,
     parse_client_message,
+    wire_event,
 )
 from kame.queues import DropOldestQueue
 from kame.session import TandemSession
 from kame.session_events import AssistantAudio, AssistantText, SessionFailed, SessionStats
 from server.codec_thread import CodecThread
-from server.events import wire_event
 from server.metrics import SessionMetrics
 from server.recorder import SessionRecorder
 from server.services import Services

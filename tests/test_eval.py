@@ -114,3 +114,49 @@ def test_record_then_replay_with_another_backend(scripted_llm, voices, tmp_path,
     assert "Paris is the capital of France" in report["recorded"]
     assert "A different answer entirely" in report["replayed"]
     assert (session / "replay-other" / "output.wav").is_file()
+
+
+def test_replay_in_process_answers_with_the_scripted_llm(scripted_llm, voices, tmp_path, capsys):
+    """`kame replay --in-process`: a tandem session in this process (tiny-copy, Whisper, the scripted
+    LLM as the ad-hoc 'custom' profile) instead of a server; the same files as over the wire."""
+    from kame.audio import write_wav
+
+    session = tmp_path / "rec" / "s1"
+    session.mkdir(parents=True)
+    write_wav(session / "input.wav", voices["france"])
+    (session / "events.jsonl").write_text(json.dumps({"t": 1.0, "type": "text", "text": "Before."}) + "\n")
+    assert main(["replay", str(tmp_path / "rec"), "--in-process", "--frontend", "tiny-copy", "--device", "cpu",
+                 "--asr", "whisper", "--llm-base-url", scripted_llm.base_url, "--llm-model", "m", "--tail", "3"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["llm"] == "custom" and report["recorded"] == "Before."
+    assert "Paris is the capital of France" in report["replayed"]  # the LLM's answer, spoken by tiny-copy
+    out = session / "replay-custom"
+    assert (out / "output.wav").stat().st_size > 24000 * 2 * 4  # 16-bit: the question and the tail came back
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    finals = [e for e in events if e["type"] == "transcript" and e["final"]]
+    assert finals and "capital of France" in finals[-1]["text"]
+    assert any(e["type"] == "oracle" and e["op"] == "reset" and e["accepted"] for e in events)
+    assert any(e["type"] == "llm" and e["phase"] == "done" and e["backend"] == "custom" for e in events)
+
+
+def test_eval_in_process_scores_with_the_judge(scripted_llm, judge, tmp_path, capsys):
+    out = tmp_path / "eval"
+    assert main(["eval", "mtbench", "--in-process", "--frontend", "tiny-copy", "--device", "cpu", "--asr", "whisper",
+                 "--llm-base-url", scripted_llm.base_url, "--llm-model", "m", "--out", str(out), "--categories",
+                 "reasoning", "--limit", "1", "--no-baseline", "--fast", "--tail", "2",
+                 "--judge-base-url", judge.base_url, "--judge-model", "judge", "--judge-api-key-env", ""]) == 0
+    (result,) = json.loads((out / "results.json").read_text())
+    assert result["mode"] == "tandem custom" and result["question"] == QUESTIONS[0]["question"]
+    assert result["score"] == 8.0
+    assert result["transcripts"] and any(e["phase"] == "started" and e["backend"] == "custom" for e in result["llm"])
+    assert "| tandem custom | 8.0 | 8.0 | 0 |" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--url", "ws://127.0.0.1:1/api/chat", "--in-process"], "one or the other"),
+    (["--frontend", "tiny-copy"], "--frontend go with --in-process"),
+    (["--in-process", "--llm-model", "m"], "go together"),
+])
+def test_in_process_flags_are_checked_before_anything_loads(extra, message, tmp_path, capsys):
+    assert main(["replay", str(tmp_path), "--llm", "local", *extra]) == 2
+    assert message in capsys.readouterr().err

@@ -1,1 +1,2 @@
-"""Evaluation: spoken MT-Bench through the server, judged by an LLM, with latency figures."""
+"""Evaluation: spoken MT-Bench judged by an LLM, with latency figures, against a server or a tandem
+session in this process (`harness.py`, `inprocess.py`; the pure parts in `mtbench.py`)."""
