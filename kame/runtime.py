@@ -6,17 +6,14 @@ circuit breaker). Built from a plain `RuntimeSettings`; transports build that fr
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-import numpy as np
 import torch
 
 from kame.asr import AsrEngine, build_asr
-from kame.audio import FRAME_SIZE
 from kame.backend import make_llm
 from kame.backend.breaker import CircuitBreakerLLM
 from kame.backend.llm import LLMClient
@@ -162,20 +159,7 @@ def _start_engine(settings: RuntimeSettings, frontend: Frontend, cuda: bool, on_
     return engine, runner
 
 
-def _warm_up(runner: EngineRunner, frames: int = 3) -> None:
-    """Step one slot a few frames so first-call costs are paid before any user connects."""
+def _warm_up(runner: EngineRunner) -> None:
     started = time.perf_counter()
-    done: list = []
-    finished = threading.Event()
-
-    def on_output(output) -> None:
-        done.append(output)
-        if len(done) >= frames:
-            finished.set()
-
-    handle = runner.acquire(on_output)
-    for _ in range(frames):
-        handle.push_frame(np.zeros(FRAME_SIZE, dtype=np.float32))
-    finished.wait(120)
-    handle.release()
-    logger.info("engine warm (%d frames in %.2f s)", len(done), time.perf_counter() - started)
+    done = runner.warm_up()
+    logger.info("engine warm (%d frames in %.2f s)", done, time.perf_counter() - started)

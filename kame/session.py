@@ -317,6 +317,8 @@ class TandemSession:
         update = applied.update
         if update.op is OracleOp.RESET:
             self._reset_applied_at[update.epoch] = time.monotonic()
+            if len(self._reset_applied_at) > 64:  # only recent oracles can be an answer's
+                del self._reset_applied_at[min(self._reset_applied_at)]
         self._emit(OracleApplied(update.op.value, update.epoch, self._oracle_text.pop(id(update), ""),
                                  len(update.tokens), applied.frame, applied.accepted, applied.late_tokens))
         if update.op is OracleOp.RESET and update.epoch == self._lead_pending:

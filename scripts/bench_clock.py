@@ -16,7 +16,6 @@ import asyncio
 import logging
 import statistics
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,7 +120,7 @@ def measure(frontend: Frontend, slots: int, row: Row, spread_s: float, pad_to_s:
     step = InstrumentedStep(engine, pad_to_s)
     try:
         with EngineRunner(engine, clock=row.clock, torch_threads=1) as runner:
-            warm_up(runner)
+            runner.warm_up()
             before, cpu = runner.stats.steps, step.cpu_s
             stepped = runner.stats.frames_stepped
             asyncio.run(run_sessions(runner, step, row, spread_s))
@@ -130,22 +129,6 @@ def measure(frontend: Frontend, slots: int, row: Row, spread_s: float, pad_to_s:
     finally:
         engine.close()
     return row
-
-
-def warm_up(runner: EngineRunner, frames: int = 3) -> None:
-    done: list = []
-    warm = threading.Event()
-
-    def on_output(output) -> None:
-        done.append(output)
-        if len(done) >= frames:
-            warm.set()
-
-    handle = runner.acquire(on_output)
-    for _ in range(frames):
-        handle.push_frame(np.zeros(FRAME_SIZE, dtype=np.float32))
-    warm.wait(30.0)
-    handle.release()
 
 
 def ratio(a: float, b: float) -> str:

@@ -77,6 +77,16 @@ async def stream_realtime(client: KameClient, pcm: np.ndarray, chunk: int = 1920
     return start, time.monotonic()
 
 
+def wait_until_all_slots_free(services, limit_s: float = 10.0) -> None:
+    """Sessions of earlier tests on a shared server give their slots back once their planner and
+    ASR stream are closed: wait for that before a test that counts slots."""
+    runner, slots = services.runtime.runner, services.runtime.engine.batch_size
+    deadline = time.monotonic() + limit_s
+    while runner.free_slots < slots and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert runner.free_slots == slots, f"{slots - runner.free_slots} slots still taken after {limit_s} s"
+
+
 def free_port() -> int:
     """A loopback port nobody listens on (for a server to start on, or to be refused by)."""
     with socket.socket() as sock:

@@ -17,6 +17,8 @@ import pytest
 
 from client.client import KameClient, ServerBusy
 
+from .server_harness import wait_until_all_slots_free
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 
@@ -110,9 +112,11 @@ def test_page_talks_to_the_server(tandem_server, question_wav):
 def test_page_explains_a_refused_connection_and_offers_retry(tandem_server, question_wav):
     url, services = tandem_server
 
+    wait_until_all_slots_free(services)
+
     async def scenario():
         holders = []
-        while len(holders) <= services.runtime.engine.batch_size:  # fill every slot, whatever earlier tests left
+        while len(holders) <= services.runtime.engine.batch_size:  # fill every slot
             try:
                 holders.append(await KameClient.connect(url + "/api/chat"))
             except ServerBusy:

@@ -11,7 +11,7 @@ import pytest
 from client.client import KameClient, ServerBusy
 
 from .conftest import QUESTIONS, words
-from .server_harness import Recording, record, running_server, stream_realtime
+from .server_harness import Recording, record, running_server, stream_realtime, wait_until_all_slots_free
 
 
 def with_silence(pcm: np.ndarray, before_s: float = 0.3, after_s: float = 4.0) -> np.ndarray:
@@ -93,6 +93,7 @@ def test_spoken_question_end_to_end(tandem_server, scripted_llm, voices):
 
 def test_four_sessions_each_hear_their_own_answer_and_a_fifth_is_refused(tandem_server, voices):
     url, services = tandem_server
+    wait_until_all_slots_free(services)
 
     async def scenario():
         conversations = [talk(url, voices[key], until=answer) for key, (_, answer) in QUESTIONS.items()]
