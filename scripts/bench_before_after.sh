@@ -7,7 +7,8 @@
 # Configurations: "before" (OLD_COMMIT), "after, eager clock" (this tree with engine_clock=eager:
 # the same stepping policy as before, so the difference is the rest of the change) and "after"
 # (this tree, its defaults). Each: kame serve --frontend tiny --asr none --max-sessions 16 on
-# loopback, then kame bench load at each level; the load generator shares the machine.
+# loopback (the per-address limit raised: every session comes from 127.0.0.1), then kame bench
+# load at each level; the load generator shares the machine.
 set -euo pipefail
 old=${1:-8817dc4}
 levels=${2:-1,4,8,16}
@@ -22,7 +23,7 @@ port=18990
 measure() {  # NAME SOURCE_TREE [ENV=VALUE...]
     local name=$1 tree=$2
     shift 2
-    env "$@" PYTHONPATH="$tree" "$python" -m kame.cli serve --frontend tiny --device cpu --asr none --llm local \
+    env KAME_MAX_CONNECTIONS_PER_IP=64 "$@" PYTHONPATH="$tree" "$python" -m kame.cli serve --frontend tiny --device cpu --asr none --llm local \
         --max-sessions 16 --port "$port" >"$work/$name.log" 2>&1 &
     local server=$!
     for _ in $(seq 240); do

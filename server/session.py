@@ -99,6 +99,7 @@ class Session:
         self._send: DropOldestQueue[bytes] = DropOldestQueue(self.settings.send_queue_messages)
         self._opus_in, self._opus_out = OpusDecoder(), OpusEncoder()
         self._recorder: SessionRecorder | None = None
+        self._dropped_out = 0
         self._stop: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.ended = asyncio.Event()
 
@@ -203,6 +204,7 @@ class Session:
                     self._send.put(encode(Kind.PCM, pcm16_encode(event.pcm)), droppable=True)
                 elif opus := await self.codec.run(self._opus_out.encode, event.pcm):
                     self._send.put(encode(Kind.AUDIO, opus), droppable=True)
+                self._count_dropped(tandem)
             elif isinstance(event, AssistantText):
                 self._send.put(encode(Kind.TEXT, event.text.encode()))
             elif isinstance(event, SessionStats):
@@ -215,6 +217,13 @@ class Session:
             elif self.options.events and (wire := wire_event(event)) is not None:
                 self._send.put(encode_event(wire))
         raise _Ended("the session ended")
+
+    def _count_dropped(self, tandem: TandemSession) -> None:
+        """Audio this client read too slowly to get, in the session's queue or the socket's."""
+        dropped = tandem.dropped_events + self._send.dropped
+        if dropped > self._dropped_out:
+            self.services.metrics.frames_dropped.labels("out").inc(dropped - self._dropped_out)
+            self._dropped_out = dropped
 
     async def _sender(self) -> None:
         while True:

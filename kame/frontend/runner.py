@@ -4,12 +4,12 @@ Sessions push PCM frames and oracle updates into thread-safe inboxes, stamped wi
 their slot acquisition: anything of another generation is dropped, so nothing of a slot's previous
 occupant reaches the next. A batched step costs the whole batch however many slots it steps, so with
 `clock="tick"` the engine thread steps once per `frame_s` for every active slot that has a frame (at
-once, without waiting for the tick, when every active slot has one), a live slot holding more than
-`jitter_frames` skips to live, an overrun skips the missed ticks, and the thread sleeps while no slot
-has a frame. A slot acquired with `live=False` (a client that sends faster than real time on purpose)
-never skips: alone, it is stepped as fast as the engine goes. `clock="eager"` steps as soon as a frame
-arrives, waiting at most `batch_window_s` for the other slots. Slot acquire/release run on the engine
-thread between steps.
+once when every active slot has one, or when a live slot holds a frame beyond the one it is due, so
+that no slot stays a frame behind), a live slot holding more than `jitter_frames` skips to live, an
+overrun skips the missed ticks, and the thread sleeps while no slot has a frame. A slot acquired with
+`live=False` (a client that sends faster than real time on purpose) never skips: alone, it is stepped
+as fast as the engine goes. `clock="eager"` steps as soon as a frame arrives, waiting at most
+`batch_window_s` for the other slots. Slot acquire/release run on the engine thread between steps.
 """
 
 from __future__ import annotations
@@ -267,7 +267,7 @@ class EngineRunner:
             if len(inbox.frames) > self.max_pending_frames:
                 inbox.frames.popleft()
                 inbox.dropped_frames += 1
-            if self.clock == "eager" or self._idle or self._all_frames():  # else the tick wakes up by itself
+            if self.clock == "eager" or self._idle or self._all_frames() or len(inbox.frames) > 1:
                 self._cond.notify_all()
 
     def _push_oracle(self, slot: int, update: _Stamped) -> None:
@@ -309,7 +309,9 @@ class EngineRunner:
                     return self._take_commands(), {}
                 now = time.monotonic()
                 due = self._next_tick is None or now >= self._next_tick
-                if self._any_frame() and (due or self._all_frames()):  # every slot ready: no need to wait
+                # step now when every slot is ready, or when a live slot holds a frame beyond the one it
+                # is due (it would otherwise stay a frame behind for good)
+                if self._any_frame() and (due or self._all_frames() or self._backlog()):
                     self._start_tick(now, early=not due)
                     return [], self._take_batch(skip_to_live=True)
                 if due:
@@ -364,6 +366,9 @@ class EngineRunner:
 
     def _any_frame(self) -> bool:
         return any(inbox.frames for inbox in self._inboxes.values())
+
+    def _backlog(self) -> bool:
+        return any(len(inbox.frames) > 1 for inbox in self._inboxes.values() if inbox.live)
 
     def _all_frames(self) -> bool:
         return all(inbox.frames for inbox in self._inboxes.values())
