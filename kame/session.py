@@ -40,7 +40,7 @@ from kame.backend.planner import (
 from kame.codec import FrameSplitter
 from kame.errors import EngineError, SessionError, SlotsBusy
 from kame.frontend.engine import FrameOutput
-from kame.frontend.oracle import OracleOp, OracleUpdate, piece_text
+from kame.frontend.oracle import OracleOp, OracleUpdate, PieceDecoder
 from kame.queues import DropOldestQueue
 from kame.runtime import Runtime
 from kame.session_events import (
@@ -99,6 +99,7 @@ class TandemSession:
         self._outputs: asyncio.Queue[FrameOutput | BaseException] = asyncio.Queue()
         self._events: DropOldestQueue = DropOldestQueue(config.output_frames)
         self._splitter = FrameSplitter()
+        self._pieces = PieceDecoder(runtime.frontend.tokenizer) if runtime.frontend.tokenizer else None
         self._pushed_at: deque[float] = deque()
         self._latencies: deque[float] = deque(maxlen=100)
         self._audio_wall: deque[tuple[float, float]] = deque(maxlen=4000)  # (audio end s, wall time received)
@@ -285,17 +286,17 @@ class TandemSession:
     _on_error_threadsafe = _on_output_threadsafe
 
     async def _engine_events(self) -> None:
-        tokenizer = self.runtime.frontend.tokenizer
         while True:
             output = await self._outputs.get()
             if isinstance(output, BaseException):
                 raise _SlotFailed from output
             self.frames_out += 1
             self._emit(AssistantAudio(output.frame, output.pcm, output.audio_ready, self._latency()))
-            if output.text_token is not None and tokenizer is not None:
-                piece = piece_text(tokenizer, output.text_token)
-                self.planner.on_assistant_text(piece)
-                self._emit(AssistantText(output.frame, piece))
+            if output.text_token is not None and self._pieces is not None:
+                piece = self._pieces.push(output.text_token)
+                if piece:
+                    self.planner.on_assistant_text(piece)
+                    self._emit(AssistantText(output.frame, piece))
             for applied in output.applied:
                 self._on_applied(applied)
 

@@ -24,5 +24,6 @@ def test_bench_load_reports_every_level(tmp_path, capsys):
         assert 0 < rt["p50"] <= rt["p95"] <= rt["p99"]
         assert level["engine_step_ms"] > 0 and level["server_rss_mb"] > 100
         assert level["overhead_ms"]["p50"] == round(rt["p50"] - level["engine_step_ms"], 2)
-    assert result["max_sessions_p99_under_80ms"] in (0, 1, 2)
+    fitting = [level["sessions"] for level in result["levels"] if level["round_trip_ms"]["p99"] <= 80]
+    assert result["max_sessions_p99_under_80ms"] == max(fitting, default=0)
     assert "| sessions |" in capsys.readouterr().out

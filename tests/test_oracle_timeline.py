@@ -83,3 +83,26 @@ class _WordTokenizer:
 
 def test_tokenize_words_encodes_each_word_alone():
     assert tokenize_words(_WordTokenizer(), "  the capital   of France ") == [3, 7, 2, 6]
+
+
+class _BytePieces:
+    """A tokenizer whose pieces are SentencePiece's: word pieces, and byte-fallback pieces."""
+
+    pieces = {1: "▁caf", 2: "<0xC3>", 3: "<0xA9>", 4: "▁ok", 5: "<0xE2>", 6: "<0x82>", 7: "<0xAC>", 8: "!"}
+
+    def id_to_piece(self, token: int) -> str:
+        return self.pieces[token]
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+
+def test_byte_pieces_come_out_as_whole_characters():
+    from kame.frontend.oracle import PieceDecoder
+
+    decoder = PieceDecoder(_BytePieces())
+    out = [decoder.push(t) for t in (1, 2, 3, 4, 5, 6, 7, 8)]
+    assert out == [" caf", "", "é", " ok", "", "", "€", "!"]
+    assert "".join(out) == " café ok€!"
+    broken = PieceDecoder(_BytePieces())
+    assert [broken.push(t) for t in (5, 4)] == ["", "\ufffd ok"]  # a character cut short is marked, not lost

@@ -23,7 +23,7 @@ from kame.asr.events import AsrFailure, FinalTranscript, PartialTranscript, Tran
 from kame.errors import EngineError
 from kame.frontend.engine import FRAME_RATE, FRAME_SIZE
 from kame.frontend.loader import Frontend, load_frontend
-from kame.frontend.oracle import piece_text
+from kame.frontend.oracle import PieceDecoder
 from kame.frontend.runner import EngineRunner
 
 logger = logging.getLogger(__name__)
@@ -144,6 +144,7 @@ class KyutaiSttStream:
         self._pending = np.zeros(0, dtype=np.float32)
         self._handle = None
         self._words: list[str] = []
+        self._pieces = PieceDecoder(asr.model.tokenizer)
         self._utterance_start: float | None = None
         self._frames_out = 0
         self._flushed: asyncio.Event | None = None
@@ -213,7 +214,9 @@ class KyutaiSttStream:
         self._frames_out += 1
         now = self._audio_time(out.frame + 1)
         if out.text_token is not None:
-            piece = piece_text(self.asr.model.tokenizer, out.text_token)
+            piece = self._pieces.push(out.text_token)
+            if not piece:
+                return  # part of a character: its bytes are still coming
             if self._utterance_start is None:
                 self._utterance_start = self._audio_time(out.frame)
             if piece.startswith(" ") or not self._words:

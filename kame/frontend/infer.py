@@ -10,7 +10,7 @@ from kame.audio import FRAME_SIZE, SAMPLE_RATE, frames_of
 from kame.errors import KameError
 from kame.frontend.engine import FRAME_RATE, BatchedEngine, GenerationConfig
 from kame.frontend.loader import Frontend
-from kame.frontend.oracle import OracleUpdate, piece_text, tokenize_words
+from kame.frontend.oracle import OracleUpdate, PieceDecoder, tokenize_words
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ def run_inference(
         slot = engine.acquire()
         result = InferResult(audio=np.zeros(0, dtype=np.float32))
         chunks = []
+        pieces = PieceDecoder(frontend.tokenizer) if frontend.tokenizer is not None else None
         for index, frame in enumerate(frames_of(pcm, FRAME_SIZE)):
             now = index / FRAME_RATE
             while pending and pending[0].at_s <= now:
@@ -74,8 +75,7 @@ def run_inference(
                 result.oracle.append({"frame": index, "time_s": now, "epoch": epoch, "text": cue.text})
             out = engine.step({slot: frame})[0]
             chunks.append(out.pcm)
-            if out.text_token is not None and frontend.tokenizer is not None:
-                text = piece_text(frontend.tokenizer, out.text_token)
+            if out.text_token is not None and pieces is not None and (text := pieces.push(out.text_token)):
                 result.pieces.append(TextPiece(out.frame, out.frame / FRAME_RATE, out.text_token, text))
         result.audio = np.concatenate(chunks) if chunks else result.audio
         return result

@@ -8,7 +8,9 @@ a reset is never dropped.
 
 from __future__ import annotations
 
+import codecs
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -100,5 +102,26 @@ def tokenize_words(tokenizer: TextTokenizer, text: str) -> list[int]:
 
 
 def piece_text(tokenizer: TextTokenizer, token: int) -> str:
-    """The text a generated token stands for, with SentencePiece's word marker as a space."""
+    """The text a generated token stands for, with SentencePiece's word marker as a space (byte
+    pieces as they are: `PieceDecoder` turns a stream of tokens into text)."""
     return tokenizer.id_to_piece(token).replace("▁", " ")
+
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+class PieceDecoder:
+    """A stream of generated tokens as text. SentencePiece's byte-fallback pieces (`<0xE2>`) are
+    collected until they make whole UTF-8 characters, so that clients never see `<0x..>`; bytes
+    that cannot be completed become U+FFFD."""
+
+    def __init__(self, tokenizer: TextTokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token: int) -> str:
+        """The text this token completes ("" while a character is still incomplete)."""
+        piece = self.tokenizer.id_to_piece(token)
+        if byte := _BYTE_PIECE.fullmatch(piece):
+            return self._utf8.decode(bytes([int(byte.group(1), 16)]))
+        return self._utf8.decode(b"", final=True) + piece.replace("▁", " ")

@@ -137,7 +137,6 @@ class EngineRunner:
         self.batch_window_s = batch_window_s  # eager: how long a ready slot waits for the others
         self.max_pending_frames = max_pending_frames  # per slot, both clocks; beyond it the oldest is dropped
         self.stats = RunnerStats()
-        self.step_seconds: deque[float] = deque(maxlen=1000)  # recent step durations
         self._cond = threading.Condition()
         self._inboxes: dict[int, _SlotInbox] = {}
         self._commands: deque[tuple[Callable[[], object], concurrent.futures.Future]] = deque()
@@ -434,7 +433,6 @@ class EngineRunner:
                     inbox.on_error(exc)
             return
         elapsed = time.perf_counter() - started
-        self.step_seconds.append(elapsed)
         self.stats.steps += 1
         self.stats.frames_stepped += len(batch)
         if self.on_step is not None:
