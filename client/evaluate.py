@@ -8,12 +8,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from client.conversation import converse
 from kame.errors import KameError
-from kame.eval.harness import ConversationSource, EvalSettings, JudgeSettings, Mode, evaluate, modes_for
 from kame.eval.inprocess import add_in_process_args, check_in_process_args
-from kame.eval.mtbench import load_questions
+
+if TYPE_CHECKING:  # the harness loads the ASR and the judge's client: only when a run starts
+    from kame.eval.harness import ConversationSource, EvalSettings, Mode
 
 DEFAULT_URL = "ws://127.0.0.1:8998/api/chat"
 
@@ -44,6 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def modes_of(args: argparse.Namespace) -> tuple[Mode, ...]:
+    from kame.eval.harness import modes_for
+
     profiles = [p for p in (args.profiles or "").split(",") if p]
     if not profiles and args.in_process and args.llm_model is not None:
         profiles = ["custom"]
@@ -52,6 +56,8 @@ def modes_of(args: argparse.Namespace) -> tuple[Mode, ...]:
 
 
 def settings_of(args: argparse.Namespace) -> EvalSettings:
+    from kame.eval.harness import EvalSettings, JudgeSettings
+
     judge = JudgeSettings(args.judge_base_url, args.judge_model, args.judge_api_key_env or None, args.judge_retries)
     return EvalSettings(Path(args.out), judge, modes_of(args), tuple(c for c in args.categories.split(",") if c),
                         args.limit, args.asr_model, {k: v for k, v in vars(args).items() if k != "func"})
@@ -69,6 +75,9 @@ def websocket_source(url: str, realtime: bool, tail_s: float) -> ConversationSou
 
 
 def run_mtbench(args: argparse.Namespace) -> int:
+    from kame.eval.harness import evaluate
+    from kame.eval.mtbench import load_questions
+
     check_in_process_args(args, DEFAULT_URL)
     settings = settings_of(args)
     try:
@@ -84,6 +93,7 @@ def run_mtbench(args: argparse.Namespace) -> int:
 
 
 def _in_process(args: argparse.Namespace, settings: EvalSettings) -> Path:
+    from kame.eval.harness import evaluate
     from kame.eval.inprocess import in_process_source, run_in_process, start_runtime
 
     runtime = start_runtime(args, [m.backend for m in settings.modes], realtime=not args.fast)

@@ -19,7 +19,7 @@ from kame.protocol import SAMPLE_RATE as RATE
 def _sounddevice():
     try:
         import sounddevice
-    except OSError as exc:  # PortAudio's shared library is missing
+    except (OSError, ImportError) as exc:  # PortAudio's shared library (or sounddevice itself) is missing
         raise KameError("no audio support on this machine: PortAudio is not installed "
                         "(Debian/Ubuntu: apt-get install libportaudio2)") from exc
     return sounddevice

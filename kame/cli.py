@@ -112,6 +112,16 @@ def _cmd_transcribe(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_frontend_bench_args(parser: argparse.ArgumentParser) -> None:
+    """`kame bench frontend`'s flags (here, so that building the parser imports no torch)."""
+    parser.add_argument("--frontend", default="tiny", help="front-end source (default: tiny)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--batch-sizes", default=None, help="comma list (default: 1,4,16 on cpu; 1,8,32,64 on cuda)")
+    parser.add_argument("--frames", type=int, default=50, help="timed frames per batch size (default 50)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed frames first (default 5)")
+    parser.add_argument("--json-out", default=None, help="write the results as JSON here")
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from kame.frontend.bench import main_frontend
 
@@ -157,8 +167,6 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     frontend = bench_sub.add_parser("frontend", help="ms per frame of encode, LM step, decode by batch size")
-    from kame.frontend.bench import add_frontend_bench_args
-
     add_frontend_bench_args(frontend)
     frontend.set_defaults(func=_cmd_bench)
     _register_plugins(sub, "kame.commands")

@@ -7,7 +7,8 @@
 import argparse
 import sys
 
-from kame.frontend.bench import add_frontend_bench_args, main_frontend
+from kame.cli import add_frontend_bench_args
+from kame.frontend.bench import main_frontend
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

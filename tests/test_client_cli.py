@@ -52,23 +52,50 @@ def test_client_reports_a_missing_input(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
-def test_talk_without_an_audio_device_is_a_clear_message(capsys):
+def test_talk_without_portaudio_is_a_clear_message(capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sounddevice", None)  # as on a machine without PortAudio, whatever this one has
     code = main(["talk", "--url", "ws://127.0.0.1:1/api/chat"])
     err = capsys.readouterr().err
-    assert code == 2 and err.startswith("kame: error:")
-    assert "PortAudio" in err or "microphone" in err
+    assert code == 2 and err.startswith("kame: error:") and "PortAudio" in err
     assert "Traceback" not in err
+
+
+def test_talk_without_a_usable_microphone_is_a_clear_message(capsys, monkeypatch):
+    import sys
+    import types
+
+    def no_device(**kwargs):
+        raise ValueError("No input device matching")
+
+    fake = types.SimpleNamespace(check_input_settings=no_device, check_output_settings=no_device)
+    monkeypatch.setitem(sys.modules, "sounddevice", fake)
+    code = main(["talk", "--url", "ws://127.0.0.1:1/api/chat"])
+    err = capsys.readouterr().err
+    assert code == 2 and "no usable microphone/speaker (No input device matching)" in err
+    assert "Traceback" not in err
+
+
+def _heavy_modules_after(code: str) -> str:
+    """Run `code` in a fresh interpreter; the heavy modules it imported, comma-separated."""
+    import subprocess
+    import sys
+
+    probe = (code + "\nimport sys\n"
+             "print(','.join(sorted(m for m in ('torch', 'moshi', 'faster_whisper', 'transformers') "
+             "if m in sys.modules)))\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    return result.stdout.strip()
 
 
 def test_the_wire_clients_need_no_torch():
     """client/ speaks the protocol with the codec and audio helpers only: no torch, moshi or ASR."""
-    import subprocess
-    import sys
-
     modules = ["client.client", "client.conversation", "client.talk", "client.loadgen", "client.replay",
-               "client.cli", "client.bench"]
-    code = ("import sys\n" + "".join(f"import {m}\n" for m in modules) +
-            "heavy = sorted(m for m in ('torch', 'moshi', 'faster_whisper', 'transformers') if m in sys.modules)\n"
-            "print(','.join(heavy))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert result.stdout.strip() == "", f"client/ imported {result.stdout.strip()}"
+               "client.cli", "client.bench", "client.evaluate"]
+    assert _heavy_modules_after("".join(f"import {m}\n" for m in modules)) == ""
+
+
+def test_the_command_line_starts_without_loading_models():
+    """`kame --help` and every subcommand's parser are built without torch (lazy imports)."""
+    assert _heavy_modules_after("from kame.cli import build_parser\nbuild_parser()") == ""

@@ -19,15 +19,6 @@ from kame.frontend.oracle import OracleUpdate
 PHASES = ("encode", "lm", "decode")
 
 
-def add_frontend_bench_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--frontend", default="tiny", help="front-end source (default: tiny)")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--batch-sizes", default=None, help="comma list (default: 1,4,16 on cpu; 1,8,32,64 on cuda)")
-    parser.add_argument("--frames", type=int, default=50, help="timed frames per batch size (default 50)")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed frames first (default 5)")
-    parser.add_argument("--json-out", default=None, help="write the results as JSON here")
-
-
 def bench_batch(engine: BatchedEngine, frames: int, warmup: int, seed: int = 0) -> dict:
     """Step all slots of `engine` together; per-phase medians over `frames` steps."""
     rng = np.random.default_rng(seed)
