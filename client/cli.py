@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     pace.add_argument("--fast", dest="realtime", action="store_false",
                       help="send as fast as the server answers (offline servers)")
     client.add_argument("--tail", type=float, default=3.0, help="seconds of silence after the input (default 3)")
-    client.add_argument("--backend", default=None, help="LLM backend profile for this session")
+    add_llm_arg(client, "the server's LLM backend profile for this session (default: the server's default)")
     client.add_argument("--system-prompt", default=None)
     client.add_argument("--json", action="store_true", help="one JSON line per message, with times")
     client.set_defaults(func=run_client)
@@ -30,8 +30,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     talk.add_argument("--url", default=DEFAULT_URL)
     talk.add_argument("--device", default=None, help="sounddevice device index or name (both directions)")
     talk.add_argument("--list-devices", action="store_true", help="list audio devices and exit")
-    talk.add_argument("--backend", default=None)
+    add_llm_arg(talk, "the server's LLM backend profile for this session (default: the server's default)")
     talk.set_defaults(func=run_talk)
+
+
+def add_llm_arg(parser: argparse.ArgumentParser, help_text: str, metavar: str = "PROFILE") -> None:
+    """`--llm`, the one spelling of the LLM profile in every command; `--backend` and `--profiles`
+    (the spellings of the first release) still work, hidden."""
+    parser.add_argument("--llm", default=None, metavar=metavar, help=help_text)
+    for old in ("--backend", "--profiles"):
+        parser.add_argument(old, dest="llm", default=None, help=argparse.SUPPRESS)
 
 
 def _printer(as_json: bool):
@@ -67,7 +75,7 @@ def run_client(args: argparse.Namespace) -> int:
     from kame.audio import read_audio, write_wav
 
     pcm = read_audio(args.input)
-    conv = asyncio.run(converse(args.url, pcm, realtime=args.realtime, tail_s=args.tail, backend=args.backend,
+    conv = asyncio.run(converse(args.url, pcm, realtime=args.realtime, tail_s=args.tail, backend=args.llm,
                                 system_prompt=args.system_prompt, on_item=_printer(args.json)))
     write_wav(args.output, conv.assistant_audio)
     summary = {"assistant_text": conv.assistant_text, "frames_sent": conv.frames_sent,
@@ -87,6 +95,6 @@ def run_talk(args: argparse.Namespace) -> int:
         print(list_devices())
         return 0
     try:
-        return asyncio.run(talk(args.url, args.device, args.backend))
+        return asyncio.run(talk(args.url, args.device, args.llm))
     except KeyboardInterrupt:  # Ctrl-C: the session was closed on the way out
         return 0

@@ -10,6 +10,7 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from client.cli import add_llm_arg
 from client.conversation import converse
 from kame.errors import KameError
 from kame.eval.inprocess import add_in_process_args, check_in_process_args
@@ -28,10 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     mt.add_argument("--out", default="eval-out", help="folder for results.json, report.md, plot (default eval-out)")
     mt.add_argument("--categories", default="reasoning,stem,humanities")
     mt.add_argument("--limit", type=int, default=None, help="first N questions only")
-    mt.add_argument("--profiles", default=None,
-                    help="comma list of LLM profiles to compare: the server's, or with --in-process the built-in "
-                         "ones and 'custom' (default: the server's default; in process 'custom' with --llm-model, "
-                         "else embedded)")
+    add_llm_arg(mt, "comma list of LLM profiles to compare: the server's, or with --in-process the built-in ones "
+                    "and 'custom' (default: the server's default; in process 'custom' with --llm-model, else "
+                    "embedded)", metavar="PROFILES")
     mt.add_argument("--no-baseline", action="store_true", help="skip the front-end alone (Moshi) mode")
     mt.add_argument("--delays", default="", help="oracle delay sweep in seconds, e.g. 0,0.5,1,2")
     mt.add_argument("--fast", action="store_true", help="stream as fast as the server (or engine) answers")
@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def modes_of(args: argparse.Namespace) -> tuple[Mode, ...]:
     from kame.eval.harness import modes_for
 
-    profiles = [p for p in (args.profiles or "").split(",") if p]
+    profiles = [p for p in (args.llm or "").split(",") if p]
     if not profiles and args.in_process and args.llm_model is not None:
         profiles = ["custom"]
     delays = [float(d) for d in args.delays.split(",") if d.strip()]

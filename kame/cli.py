@@ -10,10 +10,10 @@ import sys
 from kame.errors import KameError
 
 
-def _add_frontend_args(parser: argparse.ArgumentParser, default: str) -> None:
-    parser.add_argument("--frontend", default=default,
+def _add_frontend_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--frontend", default=None,
                         help="preset (tiny, tiny-copy, moshi-7b-random), local directory, or HF repo id "
-                             f"(default: {default})")
+                             "(default: SakanaAI/kame with a GPU, the tiny-copy demo without, as kame serve)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda (default: auto)")
 
 
@@ -29,7 +29,7 @@ def _cmd_infer(args: argparse.Namespace) -> int:
     times = list(args.oracle_at) + [0.0] * (len(args.oracle) - len(args.oracle_at))
     cues = [OracleCue(at, text) for at, text in zip(times, args.oracle, strict=True)]
     pcm = read_audio(args.input)
-    frontend = load_frontend(args.frontend, args.device)
+    frontend = load_frontend(_default_frontend(args.frontend, args.device), args.device)
     result = run_inference(frontend, pcm, cues, tail_s=args.tail)
     write_wav(args.output, result.audio)
     if args.json:
@@ -37,6 +37,16 @@ def _cmd_infer(args: argparse.Namespace) -> int:
     else:
         print(result.text)
     return 0
+
+
+def _default_frontend(source: str | None, device: str) -> str:
+    """The front-end `kame serve` would pick, with the same log line."""
+    if source is not None:
+        return source
+    from kame.frontend.loader import resolve_device
+    from kame.runtime import log_default_frontend
+
+    return log_default_frontend(resolve_device(device).type == "cuda")
 
 
 def _infer_tandem(args: argparse.Namespace) -> int:
@@ -134,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     infer = sub.add_parser("infer", help="run the front-end over an audio file with an oracle schedule")
-    _add_frontend_args(infer, "SakanaAI/kame")
+    _add_frontend_args(infer)
     infer.add_argument("--input", required=True, help="input audio file (any sample rate; resampled to 24 kHz)")
     infer.add_argument("--output", required=True, help="where to write the assistant audio (WAV, 24 kHz)")
     infer.add_argument("--oracle", action="append", default=[], metavar="TEXT",

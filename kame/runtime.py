@@ -69,10 +69,7 @@ class Runtime:
         """Load and warm every model (blocking: run it off the event loop); one log line per stage."""
         device = resolve_device(settings.device)
         cuda = device.type == "cuda"
-        source = settings.resolved_frontend(cuda)
-        if settings.frontend is None:
-            logger.info("no --frontend given: %s (%s)", source, "a GPU is present" if cuda else
-                        "no GPU: the offline demo; real weights: --frontend SakanaAI/kame --device cuda")
+        source = settings.frontend or log_default_frontend(cuda)
         logger.info("[1/4] loading front-end %s on %s", source, device)
         try:
             frontend = load_frontend(source, device)
@@ -140,6 +137,14 @@ class Runtime:
     async def aclose(self) -> None:
         await self.aclose_llms()
         self.close()
+
+
+def log_default_frontend(cuda: bool) -> str:
+    """No front-end was named: SakanaAI/kame with a GPU, the offline demo without; say which and why."""
+    source = RuntimeSettings().resolved_frontend(cuda)
+    logger.info("no --frontend given: %s (%s)", source, "a GPU is present" if cuda else
+                "no GPU: the offline demo; real weights: --frontend SakanaAI/kame --device cuda")
+    return source
 
 
 def _start_engine(settings: RuntimeSettings, frontend: Frontend, cuda: bool, on_step) -> tuple:

@@ -15,12 +15,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--config", default=None, help="TOML config file (see configs/default.toml)")
     serve.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8998)")
-    serve.add_argument("--frontend", default=None, help="preset, local directory or HF repo (default SakanaAI/kame)")
+    serve.add_argument("--frontend", default=None,
+                       help="preset, local directory or HF repo (default: SakanaAI/kame with a GPU, tiny-copy without)")
     serve.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
     serve.add_argument("--max-sessions", type=int, default=None, help="session slots (default: 4 on CPU, 32 on GPU)")
     serve.add_argument("--asr", default=None, choices=["whisper", "kyutai-stt", "none"])
     serve.add_argument("--asr-model", default=None)
-    serve.add_argument("--llm", default=None, help="default LLM backend profile (openai, anthropic, gemini, local)")
+    serve.add_argument("--llm", default=None, metavar="PROFILE",
+                       help="sessions' default LLM backend profile: openai, anthropic, gemini, local, embedded, or one "
+                            "of the config's [profiles.NAME] (default: openai with OPENAI_API_KEY set, else embedded)")
     serve.add_argument("--llm-base-url", default=None, help="an ad-hoc OpenAI-compatible endpoint ...")
     serve.add_argument("--llm-model", default=None, help="... and its model (together: profile 'custom')")
     serve.add_argument("--llm-api-key-env", default=None, help="env var holding its key (default OPENAI_API_KEY)")

@@ -118,3 +118,11 @@ def test_infer_refuses_a_scripted_oracle_with_an_llm(question_wav, tmp_path, cap
     code = main(["infer", "--frontend", "tiny-copy", "--input", str(question_wav), "--output", str(tmp_path / "a.wav"),
                  "--llm", "local", "--oracle", "hello"])
     assert code == 2 and "one or the other" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the no-GPU default")
+def test_infer_without_a_frontend_picks_what_kame_serve_picks(question_wav, tmp_path, capsys, caplog):
+    caplog.set_level("INFO", logger="kame.runtime")
+    code = main(["infer", "--input", str(question_wav), "--output", str(tmp_path / "a.wav"), "--oracle", "hello there"])
+    assert code == 0 and "hello there" in capsys.readouterr().out  # tiny-copy repeats its oracle
+    assert any("no --frontend given: tiny-copy" in r.getMessage() for r in caplog.records)
