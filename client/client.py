@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -12,6 +14,7 @@ import websockets
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from kame.codec import OpusDecoder, OpusEncoder, pcm16_decode, pcm16_encode
+from kame.errors import KameError
 from kame.protocol import (
     ConfigureMessage,
     Kind,
@@ -24,8 +27,32 @@ from kame.protocol import (
 )
 
 
-class ServerBusy(ConnectionError):
-    """The server refused the session: all its slots are in use (HTTP 503 or close code 1013)."""
+class ServerUnreachable(KameError):
+    """Nothing answers at the server's address (down, wrong port, no route)."""
+
+    exit_code = 3
+
+
+class ServerRefused(KameError):
+    """The server refused the session; `status`: the HTTP status of its answer (400: a bad query)."""
+
+    exit_code = 5
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+        if status == 400:
+            self.exit_code = 2  # bad input, not bad credentials
+
+
+class ServerBusy(ServerRefused, ConnectionError):
+    """The server refused the session for now: all its slots are in use (HTTP 503 or close code
+    1013), or this address has as many sessions as it may (429). Try again later."""
+
+    exit_code = 4
+
+    def __init__(self, message: str, status: int = 503) -> None:
+        super().__init__(message, status)
 
 
 @dataclass(frozen=True)
@@ -67,6 +94,15 @@ def session_url(url: str, events: bool, audio: str, backend: str | None, extra: 
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
+def _refusal(status: int, body: bytes | None) -> ServerRefused:
+    """The server's reason (its JSON `message`, else the body) as the matching error."""
+    text = (body or b"").decode(errors="replace")
+    with contextlib.suppress(ValueError, AttributeError):
+        text = json.loads(text).get("message", text)
+    reason = f"the server refused the session (HTTP {status}): {text or 'no reason given'}"
+    return ServerBusy(reason, status) if status in (429, 503) else ServerRefused(reason, status)
+
+
 class KameClient:
     def __init__(self, ws, audio: str) -> None:
         self.ws, self.audio = ws, audio
@@ -81,14 +117,16 @@ class KameClient:
             ws = await websockets.connect(session_url(url, events, audio, backend, options),
                                           open_timeout=open_timeout, max_size=None)
         except InvalidStatus as exc:
-            if exc.response.status_code == 503:
-                raise ServerBusy(exc.response.body.decode(errors="replace")) from exc
-            raise
+            raise _refusal(exc.response.status_code, exc.response.body) from exc
+        except (OSError, TimeoutError) as exc:
+            raise ServerUnreachable(f"cannot reach the server at {url.split('?')[0]}: {exc}") from exc
         try:
             first = await ws.recv()
         except ConnectionClosed as exc:
             if exc.rcvd is not None and exc.rcvd.code == 1013:
                 raise ServerBusy(exc.rcvd.reason) from exc
+            if exc.rcvd is not None and exc.rcvd.code == 1008:  # a bad query (or a refusal after the upgrade)
+                raise ServerRefused(f"the server refused the session: {exc.rcvd.reason}", 400) from exc
             raise
         if not isinstance(first, bytes) or first[:1] != bytes([Kind.HANDSHAKE]):
             await ws.close()

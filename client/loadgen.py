@@ -9,9 +9,9 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed
 
-from client.client import AudioMessage, KameClient, ServerBusy
+from client.client import AudioMessage, KameClient, ServerRefused, ServerUnreachable
 from kame.protocol import FRAME_SIZE as FRAME
 from kame.protocol import SAMPLE_RATE as RATE
 from kame.protocol import Kind, encode
@@ -70,7 +70,7 @@ async def garbage_client(url: str, seconds: float, rng: random.Random) -> int:
     while time.monotonic() < deadline:
         try:
             client = await KameClient.connect(url, events=rng.random() < 0.5)
-        except (ServerBusy, InvalidStatus, OSError):
+        except (ServerRefused, ServerUnreachable):
             await asyncio.sleep(0.2)
             continue
         made += 1
@@ -97,7 +97,7 @@ async def churn_client(url: str, speech: np.ndarray, seconds: float, rng: random
     while time.monotonic() < deadline:
         try:
             client = await KameClient.connect(url)
-        except (ServerBusy, InvalidStatus, OSError):
+        except (ServerRefused, ServerUnreachable):
             await asyncio.sleep(0.2)
             continue
         made += 1
@@ -140,7 +140,7 @@ class LatencyRun:
 async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.Random) -> None:
     try:
         client = await KameClient.connect(url, events=False)
-    except (ServerBusy, InvalidStatus):
+    except ServerRefused:
         run.refused += 1
         return
     sent_at: list[float] = []

@@ -199,9 +199,9 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
         return args.func(args)
-    except KameError as exc:
+    except KameError as exc:  # an expected condition: one line, its own exit code, no traceback
         print(f"kame: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
 
 
 if __name__ == "__main__":

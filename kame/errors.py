@@ -2,7 +2,13 @@
 
 
 class KameError(Exception):
-    """Base class of the errors this project raises on purpose."""
+    """Base class of the errors this project raises on purpose.
+
+    `exit_code` is what a `kame` command ends with on it: 2 bad input or usage, 3 the server
+    cannot be reached, 4 the server is busy (no free slot, too many sessions from this address),
+    5 the server refused the credentials or the origin."""
+
+    exit_code = 2
 
 
 class FrontendLoadError(KameError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 import sphn
 
 from kame.audio import write_wav
@@ -99,3 +100,37 @@ def test_the_wire_clients_need_no_torch():
 def test_the_command_line_starts_without_loading_models():
     """`kame --help` and every subcommand's parser are built without torch (lazy imports)."""
     assert _heavy_modules_after("from kame.cli import build_parser\nbuild_parser()") == ""
+
+
+def _kame_client(url: str, tmp_path) -> tuple[int, str]:
+    """`kame client` as a user runs it, in its own process: (exit code, stderr)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    question = Path(__file__).parent / "fixtures" / "question.wav"
+    result = subprocess.run([sys.executable, "-m", "kame.cli", "client", "--url", url, "--input", str(question),
+                             "--output", str(tmp_path / "answer.wav")], capture_output=True, text=True, timeout=120)
+    return result.returncode, result.stderr
+
+
+@pytest.mark.slow
+def test_client_errors_are_one_line_with_a_distinct_exit_code(tmp_path):
+    """Down, full, unauthorised, bad input: a one-line reason and its own exit code, never a traceback."""
+    from websockets.sync.client import connect
+
+    from .server_harness import free_port, running_server
+
+    outcomes = {"down": _kame_client(f"ws://127.0.0.1:{free_port()}/api/chat", tmp_path)}
+    with running_server(asr="none", max_sessions=1) as (url, _), connect(url + "/api/chat"):  # the one slot, held
+        outcomes["busy"] = _kame_client(url + "/api/chat", tmp_path)
+    with running_server(asr="none", auth_tokens=["secret"]) as (url, _):
+        outcomes["unauthorised"] = _kame_client(url + "/api/chat?token=wrong", tmp_path)
+        outcomes["bad input"] = _kame_client(url + "/api/chat?token=secret&audio=mp3", tmp_path)
+    expected = {"down": (3, "cannot reach the server"), "busy": (4, "HTTP 503"),
+                "unauthorised": (5, "HTTP 401"), "bad input": (2, "audio must be 'opus' or 'pcm'")}
+    for case, (code, text) in expected.items():
+        got_code, err = outcomes[case]
+        lines = [line for line in err.splitlines() if line.startswith("kame: error:")]
+        assert got_code == code and len(lines) == 1 and text in lines[0], (case, got_code, err[-600:])
+        assert "Traceback" not in err, (case, err[-600:])
