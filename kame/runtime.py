@@ -37,6 +37,7 @@ class RuntimeSettings:
     asr: str | None = None  # whisper | kyutai-stt | none; None: kyutai-stt with a GPU, else whisper
     asr_model: str | None = None
     asr_realtime: bool = True  # False: audio arrives faster than real time (files), whisper decodes each interval
+    asr_options: Mapping[str, Mapping] = field(default_factory=dict)  # engine name -> its options' overrides
     profiles: Mapping[str, BackendProfile] = field(default_factory=lambda: dict(DEFAULT_PROFILES))
     default_profile: str = "embedded"
     planner: PlannerConfig = PlannerConfig()
@@ -83,7 +84,7 @@ class Runtime:
         asr_name = settings.resolved_asr(cuda)
         logger.info("[3/4] loading ASR %s", asr_name)
         asr = build_asr(asr_name, settings.asr_model, settings.device, max_sessions=engine.batch_size,
-                        realtime=settings.asr_realtime)
+                        realtime=settings.asr_realtime, options=settings.asr_options.get(asr_name, {}))
         logger.info("[4/4] LLM backend profiles: %s; default %s", ", ".join(settings.profiles),
                     settings.default_profile)
         runtime = cls(settings, frontend, engine, runner, asr)

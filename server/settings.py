@@ -56,6 +56,25 @@ class PlannerSettings(BaseModel):
     backoff_max_s: float = Field(10.0, ge=0)
     max_concurrent_streams: int = Field(4, ge=1)  # LLM streams that may run at once; the newest that speaks wins
     keep_agreeing_oracle: bool = True  # a newer answer that repeats the oracle extends it instead of restarting it
+    max_history_turns: int = Field(20, ge=1, le=1000)  # conversation turns kept in the LLM's prompt
+
+
+class WhisperSettings(BaseModel):
+    """[whisper]: the whisper ASR's streaming (kame.asr.whisper.WhisperOptions)."""
+
+    model_config = ConfigDict(extra="forbid")
+    decode_interval_s: float = Field(0.5, gt=0, le=5)  # re-decode the utterance after this much new audio
+    vad_threshold: float = Field(0.5, gt=0, lt=1)  # Silero speech probability that counts as speech
+    min_silence_s: float = Field(0.6, gt=0, le=5)  # silence that ends an utterance
+    max_utterance_s: float = Field(20.0, gt=1, le=30)  # an utterance is finalised at this length
+
+
+class KyutaiSttSettings(BaseModel):
+    """[kyutai_stt]: Kyutai's STT (kame.asr.kyutai_stt.SttOptions)."""
+
+    model_config = ConfigDict(extra="forbid")
+    eot_head: int = Field(2, ge=0)  # which extra head predicts the end of a turn (Kyutai's STT 1B: 2)
+    eot_threshold: float = Field(0.5, gt=0, lt=1)  # end-of-turn probability that ends an utterance
 
 
 class ServerSettings(BaseSettings):
@@ -75,6 +94,8 @@ class ServerSettings(BaseSettings):
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     profiles: dict[str, ProfileSettings] = Field(default_factory=dict)  # added to / replacing the built-ins
     planner: PlannerSettings = Field(default_factory=PlannerSettings)
+    whisper: WhisperSettings = Field(default_factory=WhisperSettings)
+    kyutai_stt: KyutaiSttSettings = Field(default_factory=KyutaiSttSettings)
     engine_clock: Literal["tick", "eager"] = "tick"  # tick: one batched step per 80 ms frame for every session
     jitter_frames: int = Field(3, ge=0)  # input frames a session may queue before it skips to live (tick)
     batch_window_ms: float = Field(20.0, ge=0, le=80)  # eager clock: how long a ready session waits for the others
@@ -147,11 +168,16 @@ class ServerSettings(BaseSettings):
         """The library runtime's part of the settings."""
         return RuntimeSettings(
             frontend=self.frontend, device=self.device, max_sessions=self.max_sessions, asr=self.asr,
-            asr_model=self.asr_model, profiles=self.all_profiles(), default_profile=self.default_profile,
+            asr_model=self.asr_model, asr_options=self.asr_options(), profiles=self.all_profiles(),
+            default_profile=self.default_profile,
             planner=self.planner_config(), engine_clock=self.engine_clock, jitter_frames=self.jitter_frames,
             batch_window_s=self.batch_window_ms / 1000, max_pending_frames=self.max_pending_frames,
             engine_threads=self.engine_threads, breaker_failures=self.breaker_failures,
             breaker_cooldown_s=self.breaker_cooldown_s)
+
+    def asr_options(self) -> dict[str, dict]:
+        """Each ASR engine's own settings, by engine name."""
+        return {"whisper": self.whisper.model_dump(), "kyutai-stt": self.kyutai_stt.model_dump()}
 
     def session_config(self, **overrides: object) -> SessionConfig:
         """A session's settings: the server's, with what the client asked for."""

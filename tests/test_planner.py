@@ -506,3 +506,19 @@ def test_a_failing_stream_leaves_the_others_running(tok):
 
     rig = run(scenario())
     assert rig.record(1).status == "done" and rig.oracle_in_place() == tokenize_words(tok, "still here")
+
+
+def test_the_prompt_keeps_max_history_turns(tok):
+    async def scenario():
+        rig = Rig(tok, [FakeReply(("Yes.",))], PlannerConfig(max_history_turns=3))
+        for turn in ("one two", "three four", "five six"):
+            rig.final(turn)
+            await settle()
+            rig.planner.on_assistant_text("ok")
+        await rig.planner.aclose()
+        return rig
+
+    rig = run(scenario())
+    # the three newest closed turns, then what the assistant is saying now; "one two" is forgotten
+    assert rig.planner.conversation == ["user: three four", "assistant: ok", "user: five six", "assistant: ok"]
+    assert len(rig.planner._conv.turns) == 3  # and not kept either

@@ -130,3 +130,22 @@ def test_every_event_round_trips_with_its_optional_fields_left_out():
     for event in (StatsEvent(frames_in=1, frames_out=1, frames_dropped=0),
                   OracleEvent(op="append", epoch=1, text="", tokens=0, frame=0)):
         assert parse_event(encode_event(event)[1:]) == event
+
+
+def test_asr_and_history_settings_reach_the_engines(monkeypatch):
+    """[whisper], [kyutai_stt] and planner.max_history_turns: settings with the same precedence as the rest."""
+    from kame.asr import build_asr
+
+    monkeypatch.setenv("KAME_WHISPER__MIN_SILENCE_S", "1.2")
+    settings = load_settings(None, kyutai_stt={"eot_threshold": 0.7}, planner={"max_history_turns": 3})
+    runtime = settings.runtime_settings()
+    assert runtime.asr_options["whisper"]["min_silence_s"] == 1.2
+    assert runtime.asr_options["kyutai-stt"] == {"eot_head": 2, "eot_threshold": 0.7}
+    assert runtime.planner.max_history_turns == 3
+    asr = build_asr("whisper", options=runtime.asr_options["whisper"])
+    try:
+        assert asr.options.min_silence_s == 1.2 and asr.options.decode_interval_s == 0.5
+    finally:
+        asr.close()
+    with pytest.raises(SettingsError, match="whisper.vad_threshold"):
+        load_settings(None, whisper={"vad_threshold": 1.5})

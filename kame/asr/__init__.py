@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import numpy as np
 
@@ -58,21 +58,24 @@ class _SilentStream:
 
 
 def build_asr(engine: str, model: str | None = None, device: str = "auto", max_sessions: int = 8,
-              realtime: bool = True) -> AsrEngine:
+              realtime: bool = True, options: Mapping | None = None) -> AsrEngine:
     """Load the named ASR engine (`model` defaults per engine, see DEFAULT_MODELS).
 
     `realtime=False` is for files pushed faster than real time: whisper then decodes at every
     interval of audio instead of once its backlog is drained, so partials still appear.
+    `options`: more fields of the engine's options (WhisperOptions, SttOptions), by name.
     """
+    options = dict(options or {})
     if engine == "none":
         return NoAsr()
     if engine == "whisper":
         from kame.asr.whisper import WhisperAsr, WhisperOptions
 
-        return WhisperAsr(WhisperOptions(model=model or DEFAULT_MODELS["whisper"], device=device, coalesce=realtime))
+        return WhisperAsr(WhisperOptions(model=model or DEFAULT_MODELS["whisper"], device=device, coalesce=realtime,
+                                         **options))
     if engine == "kyutai-stt":
         from kame.asr.kyutai_stt import KyutaiSttAsr, SttOptions
 
         return KyutaiSttAsr(SttOptions(model=model or DEFAULT_MODELS["kyutai-stt"], device=device,
-                                       max_sessions=max_sessions))
+                                       max_sessions=max_sessions, **options))
     raise KameError(f"unknown ASR engine {engine!r}; choose one of {', '.join(ASR_ENGINES)}")

@@ -143,7 +143,7 @@ def _normal(word: str) -> str:
 class _Turns:
     """The conversation: closed turns plus the user's pending words and the assistant's speech."""
 
-    turns: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=40))
+    turns: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=20))
     pending_user: str = ""
     user_closed: bool = True  # the last user utterance ended with a final
     assistant_said: str = ""
@@ -183,7 +183,7 @@ class Planner:
         self.system_prompt = config.system_prompt
         self.epoch = 0  # the newest started stream's
         self.attempts: deque[AttemptRecord] = deque(maxlen=200)
-        self._conv = _Turns()
+        self._conv = _Turns(deque(maxlen=config.max_history_turns))  # older turns are never sent
         self._words_at_start = 0
         self._starts: deque[float] = deque()
         self._backoff_until = 0.0
