@@ -72,14 +72,14 @@ def describe_event(event: dict) -> str | None:
 
 def run_client(args: argparse.Namespace) -> int:
     from client.conversation import converse
-    from kame.audio import read_audio, write_wav
+    from kame.audio import SAMPLE_RATE, read_audio, write_wav
 
     pcm = read_audio(args.input)
     conv = asyncio.run(converse(args.url, pcm, realtime=args.realtime, tail_s=args.tail, backend=args.llm,
                                 system_prompt=args.system_prompt, on_item=_printer(args.json)))
     write_wav(args.output, conv.assistant_audio)
     summary = {"assistant_text": conv.assistant_text, "frames_sent": conv.frames_sent,
-               "audio_s": round(len(conv.assistant_audio) / 24000, 3), "output": args.output}
+               "audio_s": round(len(conv.assistant_audio) / SAMPLE_RATE, 3), "output": args.output}
     if args.json:
         print(json.dumps({"type": "summary", **summary}))
     else:

@@ -11,6 +11,7 @@ from kame.errors import AudioFileError
 
 SAMPLE_RATE = 24000  # Mimi's rate: every audio stream of the project
 FRAME_SIZE = 1920  # samples per 80 ms frame
+FRAME_S = FRAME_SIZE / SAMPLE_RATE  # 0.08 s: one frame, one engine step, one oracle token
 
 
 def read_audio(path: str | Path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:

@@ -13,6 +13,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily
 
+from kame.audio import FRAME_S
 from kame.session_events import (
     AssistantAudio,
     FramesSkipped,
@@ -23,7 +24,6 @@ from kame.session_events import (
     Transcript,
 )
 
-FRAME_S = 0.08
 _MS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 _S_BUCKETS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4)
 _LEAD_BUCKETS = (-3.2, -1.6, -0.8, -0.4, -0.2, 0.0, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kame.audio import SAMPLE_RATE
+
 _TAPS = 31
 
 
@@ -21,7 +23,7 @@ class Resampler24to16:
     STEP = 1.5  # input samples per output sample
 
     def __init__(self) -> None:
-        self._kernel = _lowpass(7200 / 24000)
+        self._kernel = _lowpass(7200 / SAMPLE_RATE)  # cut-off below 8 kHz, the output's Nyquist
         self._history = np.zeros(_TAPS - 1, dtype=np.float32)  # unfiltered tail of the input
         self._filtered = np.zeros(0, dtype=np.float32)  # filtered samples not yet consumed
         self._pos = 0.0  # position of the next output sample within _filtered

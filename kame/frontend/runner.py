@@ -27,6 +27,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 import torch
 
+from kame.audio import FRAME_S
 from kame.errors import EngineError
 from kame.frontend.engine import FRAME_SIZE, BatchedEngine, FrameOutput
 from kame.frontend.oracle import OracleUpdate
@@ -121,7 +122,7 @@ class EngineRunner:
 
     def __init__(self, engine: BatchedEngine, batch_window_s: float = 0.02, max_pending_frames: int = 25,
                  on_step: Callable[[float, int], None] | None = None, torch_threads: int | None = None, *,
-                 clock: Clock = "tick", frame_s: float = 0.08, jitter_frames: int = 3) -> None:
+                 clock: Clock = "tick", frame_s: float = FRAME_S, jitter_frames: int = 3) -> None:
         if clock not in ("tick", "eager"):
             raise ValueError(f"clock must be 'tick' or 'eager', got {clock!r}")
         if frame_s <= 0 or jitter_frames < 0 or max_pending_frames < 1:

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from kame.asr.events import AsrFailure, drain_events
+from kame.audio import SAMPLE_RATE
 from kame.backend.llm import ChatMessage, LLMError
 from kame.clock import Clock, MonotonicClock
 
@@ -83,7 +84,7 @@ class _ScriptedStream:
         if self.asr.stall:
             self._stalled_since = self._stalled_since or time.monotonic()
             return
-        self._heard += len(pcm) / 24000
+        self._heard += len(pcm) / SAMPLE_RATE
         while self._pending and self._pending[0][0] <= self._heard:
             self._events.put_nowait(self._pending.pop(0)[1])
         if self.asr.fail_at_s is not None and self._heard >= self.asr.fail_at_s and not self._failed:
