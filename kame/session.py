@@ -183,17 +183,20 @@ class TandemSession:
         self._closed = True
         for timer in self._timers:
             timer.cancel()
-        if self._main is not None:  # nothing is consumed any more: no transcript reaches the planner
-            self._main.cancel()
-            await asyncio.gather(self._main, return_exceptions=True)
-        if self.planner is not None:
-            await self.planner.aclose()
-        if self._asr is not None:
-            await self._asr.aclose()
-        if self.handle is not None:
+        try:
+            if self._main is not None:  # nothing is consumed any more: no transcript reaches the planner
+                self._main.cancel()
+                await asyncio.gather(self._main, return_exceptions=True)
+            if self.planner is not None:
+                await self.planner.aclose()
+            if self._asr is not None:
+                await self._asr.aclose()
+        finally:  # even when this close is itself cancelled: the slot must go back
+            released = self.handle.release() if self.handle is not None else None
+            self._events.put(_END)
+        if released is not None:
             with contextlib.suppress(EngineError):  # a runner that stopped has no slot to give back
-                await asyncio.wrap_future(self.handle.release())
-        self._events.put(_END)
+                await asyncio.wrap_future(released)
         logger.info("session %s ended after %d frames", self.id, self.frames_in)
 
     async def __aenter__(self) -> TandemSession:
@@ -220,8 +223,7 @@ class TandemSession:
         now = time.monotonic()
         self._samples_in += len(pcm)
         self._audio_wall.append((self._samples_in / SAMPLE_RATE, now))
-        for observer in self._observers:
-            observer.on_input(pcm)
+        self._observe("on_input", pcm)
         if self._asr_ok:
             self._asr.push_pcm(pcm)
         for frame in self._splitter.push(pcm):
@@ -266,9 +268,18 @@ class TandemSession:
         return event
 
     def _emit(self, event: SessionEvent) -> None:
-        for observer in self._observers:
-            observer.on_event(event)
+        self._observe("on_event", event)
         self._events.put(event, droppable=isinstance(event, AssistantAudio))
+
+    def _observe(self, method: str, value: object) -> None:
+        """Tell every observer; a failing one (metrics, a recorder) is logged and dropped, the
+        conversation goes on."""
+        for observer in list(self._observers):
+            try:
+                getattr(observer, method)(value)
+            except Exception:
+                logger.exception("session %s: observer %r failed; it is dropped", self.id, observer)
+                self._observers.remove(observer)
 
     @property
     def dropped_events(self) -> int:
@@ -327,6 +338,8 @@ class TandemSession:
 
     async def _asr_events(self) -> None:
         async for event in self._asr:
+            if not self._asr_ok:
+                return  # given up on (stalled): its late transcripts would only mislead the planner
             if isinstance(event, AsrFailure):
                 self._asr_failed(f"the ASR failed ({event.message}); going on without oracle updates")
                 return
@@ -349,6 +362,7 @@ class TandemSession:
             lag = getattr(self._asr, "stalled_for_s", lambda: 0.0)()
             if lag > self.config.asr_stall_s:
                 self._asr_failed(f"the ASR is {lag:.0f} s behind; going on without transcripts (plain Moshi)")
+                await self._asr.aclose()  # its backlog is not worked through on a shared CPU
 
     def _lag(self, audio_s: float) -> float:
         """Wall time since the audio up to `audio_s` was received."""

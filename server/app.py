@@ -175,6 +175,7 @@ async def _serve(ws: WebSocket, services: Services, sessions: set, codec: CodecT
         await ws.accept()
     except BaseException:
         await tandem.aclose()  # from here on, the session ends the tandem
+        await session.discard_recording()
         raise
     sessions.add(session)
     try:

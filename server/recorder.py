@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -22,13 +24,29 @@ import soundfile
 from kame.protocol import SAMPLE_RATE, wire_event
 from kame.session_events import AssistantAudio, AssistantText, SessionEvent
 
+logger = logging.getLogger(__name__)
+
 
 class SessionRecorder:
     def __init__(self, root: Path, session_id: str, meta: dict) -> None:
         self.folder = root / session_id
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"kame-record-{session_id}")
         self._started = time.monotonic()
-        self._writer.submit(self._open, meta)
+        self._failed = False
+        self._submit(self._open, meta)
+
+    def _submit(self, fn, *args) -> None:
+        """Run `fn` on the writer thread, in order; a failure is logged once and ends the recording
+        (never the session)."""
+        def run() -> None:
+            if self._failed:
+                return
+            try:
+                fn(*args)
+            except Exception:  # a full disk, a folder that cannot be written: contained on this thread
+                self._failed = True
+                logger.exception("recording %s failed; it stops here, the session goes on", self.folder)
+        self._writer.submit(run)
 
     def _open(self, meta: dict) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -42,16 +60,16 @@ class SessionRecorder:
 
     def write_event(self, event: dict) -> None:
         line = {"t": round(time.monotonic() - self._started, 3), **event}
-        self._writer.submit(self._write_line, line)
+        self._submit(self._write_line, line)
 
     # ---------------------------------------------------------------- a session observer
 
     def on_input(self, pcm: np.ndarray) -> None:
-        self._writer.submit(self._input.write, np.clip(pcm, -1, 1))
+        self._submit(lambda samples: self._input.write(samples), np.clip(pcm, -1, 1))
 
     def on_event(self, event: SessionEvent) -> None:
         if isinstance(event, AssistantAudio):
-            self._writer.submit(self._output.write, np.clip(event.pcm, -1, 1))
+            self._submit(lambda samples: self._output.write(samples), np.clip(event.pcm, -1, 1))
         elif isinstance(event, AssistantText):
             self.write_event({"type": "text", "frame": event.frame, "text": event.text})
         elif (wire := wire_event(event)) is not None:
@@ -59,8 +77,18 @@ class SessionRecorder:
 
     def close(self) -> None:
         """Finish the files (blocking until every write is done: call it off the event loop)."""
-        self._writer.submit(self._close)
+        self._submit(self._close)
         self._writer.shutdown(wait=True)
+
+    def discard(self) -> None:
+        """The session never started (refused, or the client left during the upgrade): no recording
+        at all, so that `kame replay DIR` finds only real sessions (blocking)."""
+        self._failed = True  # what is still queued is not written
+        self._writer.shutdown(wait=True)
+        for name in ("_input", "_output", "_events"):
+            if hasattr(self, name):
+                getattr(self, name).close()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def _close(self) -> None:
         self._input.close()

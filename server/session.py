@@ -53,7 +53,7 @@ class _Ended(Exception):
 
 
 class _Limit(Exception):
-    """A limit ended the session; args: (close code, reason)."""
+    """A limit ended the session; args: (close code, reason[, error code: "limit" by default])."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,17 @@ class Session:
                 "backend": self.options.backend or runtime.default_profile,
                 "oracle_delay_s": self.options.oracle_delay_s})
             observers.append(self._recorder)
-        return await TandemSession.open(self.services.runtime, config, observers, session_id=self.id)
+        try:
+            return await TandemSession.open(self.services.runtime, config, observers, session_id=self.id)
+        except BaseException:
+            await self.discard_recording()
+            raise
+
+    async def discard_recording(self) -> None:
+        """The session does not happen after all: leave no recording behind."""
+        if self._recorder is not None:
+            recorder, self._recorder = self._recorder, None
+            await asyncio.to_thread(recorder.discard)
 
     async def run(self, tandem: TandemSession) -> None:
         metrics = self.services.metrics
@@ -138,9 +148,9 @@ class Session:
         except* _Disconnected:
             logger.info("session %s: client disconnected", self.id)
         except* _Limit as group:
-            code, reason = group.exceptions[0].args
+            code, reason, *error = group.exceptions[0].args
             logger.info("session %s closed: %s", self.id, reason)
-            self._error("shutdown" if code == 1001 else "limit", reason)
+            self._error(error[0] if error else "limit", reason)
             await self._flush_then_close(code, reason)
         except* _Ended as group:
             await self._flush_then_close(1011, group.exceptions[0].args[0])
@@ -168,7 +178,7 @@ class Session:
                 async with asyncio.timeout(self.settings.idle_timeout_s):
                     message = await self.ws.receive()
             except TimeoutError as exc:
-                raise _Limit(1001, f"no message for {self.settings.idle_timeout_s:.0f} s") from exc
+                raise _Limit(1001, f"no message for {self.settings.idle_timeout_s:.0f} s", "limit") from exc
             except _CLOSED as exc:
                 raise _Disconnected from exc
             if flood.over():
@@ -243,7 +253,7 @@ class Session:
         limit_s = self.settings.max_session_s
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(limit_s):
-                raise _Limit(1001, await asyncio.shield(self._stop))
+                raise _Limit(1001, await asyncio.shield(self._stop), "shutdown")
         raise _Limit(1000, f"the session reached its {limit_s:.0f} s limit")
 
     # ---------------------------------------------------------------- closing

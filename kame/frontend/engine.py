@@ -21,7 +21,7 @@ from moshi.models.lm import LMGen
 from moshi.utils.compile import no_compile
 
 from kame.audio import FRAME_SIZE, SAMPLE_RATE
-from kame.errors import EngineError
+from kame.errors import EngineError, SlotsBusy
 from kame.frontend.loader import Frontend
 from kame.frontend.oracle import AppliedUpdate, OracleTimeline, OracleUpdate
 
@@ -106,7 +106,7 @@ class BatchedEngine:
         """Take a free slot, reset to a clean start (codec, LM and oracle state)."""
         free = [s for s in range(self.batch_size) if s not in self._active]
         if not free:
-            raise EngineError(f"all {self.batch_size} slots are in use")
+            raise SlotsBusy(f"all {self.batch_size} session slots are busy; try again later")
         slot = free[0]
         self.reset_slot(slot)
         self._active.add(slot)

@@ -4,9 +4,9 @@ Sessions push PCM frames and oracle updates into thread-safe inboxes, stamped wi
 their slot acquisition: anything of another generation is dropped, so nothing of a slot's previous
 occupant reaches the next. A batched step costs the whole batch however many slots it steps, so with
 `clock="tick"` the engine thread steps once per `frame_s` for every active slot that has a frame (at
-once when every active slot has one, or when a live slot holds a frame beyond the one it is due, so
-that no slot stays a frame behind), a live slot holding more than `jitter_frames` skips to live, an
-overrun skips the missed ticks, and the thread sleeps while no slot has a frame. A slot acquired with
+once when every active slot has one), a live slot holding more than `jitter_frames` skips to live (and
+one that stays a frame behind for `STANDING_TICKS` steps drops that frame), an overrun skips the
+missed ticks, and the thread sleeps while no slot has a frame. A slot acquired with
 `live=False` (a client that sends faster than real time on purpose) never skips: alone, it is stepped
 as fast as the engine goes. `clock="eager"` steps as soon as a frame arrives, waiting at most
 `batch_window_s` for the other slots. Slot acquire/release run on the engine thread between steps.
@@ -38,6 +38,7 @@ OutputCallback = Callable[[FrameOutput], None]
 ErrorCallback = Callable[[BaseException], None]
 Clock = Literal["tick", "eager"]
 OVERRUN_LOG_INTERVAL_S = 60.0  # an overloaded engine warns at most this often
+STANDING_TICKS = 4  # a live slot still a frame behind after this many steps in a row drops one frame
 
 
 @dataclass
@@ -64,6 +65,7 @@ class _SlotInbox:
     on_output: OutputCallback
     on_error: ErrorCallback | None
     live: bool = True  # False: the client paces itself (faster than real time): never skip to live
+    behind: int = 0  # tick clock: steps in a row after which this slot still held a frame
     frames: deque[_Stamped] = field(default_factory=deque)
     updates: list[_Stamped] = field(default_factory=list)
     dropped_frames: int = 0  # over max_pending_frames at push time, or skipped to live
@@ -267,7 +269,7 @@ class EngineRunner:
             if len(inbox.frames) > self.max_pending_frames:
                 inbox.frames.popleft()
                 inbox.dropped_frames += 1
-            if self.clock == "eager" or self._idle or self._all_frames() or len(inbox.frames) > 1:
+            if self.clock == "eager" or self._idle or self._all_frames():  # else the tick wakes up by itself
                 self._cond.notify_all()
 
     def _push_oracle(self, slot: int, update: _Stamped) -> None:
@@ -309,9 +311,7 @@ class EngineRunner:
                     return self._take_commands(), {}
                 now = time.monotonic()
                 due = self._next_tick is None or now >= self._next_tick
-                # step now when every slot is ready, or when a live slot holds a frame beyond the one it
-                # is due (it would otherwise stay a frame behind for good)
-                if self._any_frame() and (due or self._all_frames() or self._backlog()):
+                if self._any_frame() and (due or self._all_frames()):  # every slot ready: no need to wait
                     self._start_tick(now, early=not due)
                     return [], self._take_batch(skip_to_live=True)
                 if due:
@@ -367,9 +367,6 @@ class EngineRunner:
     def _any_frame(self) -> bool:
         return any(inbox.frames for inbox in self._inboxes.values())
 
-    def _backlog(self) -> bool:
-        return any(len(inbox.frames) > 1 for inbox in self._inboxes.values() if inbox.live)
-
     def _all_frames(self) -> bool:
         return all(inbox.frames for inbox in self._inboxes.values())
 
@@ -385,6 +382,8 @@ class EngineRunner:
             updates = [update.value for update in inbox.updates]
             inbox.updates = []
             batch[slot] = (inbox.frames.popleft().value, updates, inbox)
+            if skip_to_live and inbox.live:
+                self._catch_up(inbox)
         return batch
 
     def _discard_stale(self, inbox: _SlotInbox) -> None:
@@ -395,6 +394,17 @@ class EngineRunner:
         if stale:
             self.stats.stale_dropped += stale
             inbox.frames, inbox.updates = deque(frames), updates
+
+    def _catch_up(self, inbox: _SlotInbox) -> None:
+        """A slot that still holds a frame after STANDING_TICKS steps in a row is a frame behind for
+        good (one late frame, then on time): it drops its oldest frame instead of getting extra
+        steps, which would cost the whole batch every time a client sends in bursts."""
+        inbox.behind = inbox.behind + 1 if inbox.frames else 0
+        if inbox.behind >= STANDING_TICKS:
+            inbox.frames.popleft()
+            inbox.dropped_frames += 1
+            self.stats.skipped_frames += 1
+            inbox.behind = 0
 
     def _skip_to_live(self, inbox: _SlotInbox) -> None:
         excess = len(inbox.frames) - max(1, self.jitter_frames)  # 0 and 1 both mean: step the newest frame
