@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
 
+import numpy as np
 import pytest
 
+from client.client import KameClient, ServerBusy, ServerRefused
 from kame.cli import main
 from kame.eval.mtbench import load_questions, parse_rating
 from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
+
+from .server_harness import running_server, stream_realtime
 
 QUESTIONS = load_questions(("reasoning",), 3)
 RATINGS = {QUESTIONS[0]["question"]: "Correct and clear. Rating: [[8]]",
@@ -78,8 +83,6 @@ def test_three_question_eval_end_to_end(tandem_server, judge, tmp_path, capsys):
 def test_record_then_replay_with_another_backend(scripted_llm, voices, tmp_path, capsys):
     from kame.audio import write_wav
     from server.settings import ProfileSettings
-
-    from .server_harness import running_server
 
     other = ScriptedOpenAIServer(default=ScriptedReply(text="A different answer entirely."))
     other.start_in_thread()
@@ -160,3 +163,25 @@ def test_eval_in_process_scores_with_the_judge(scripted_llm, judge, tmp_path, ca
 def test_in_process_flags_are_checked_before_anything_loads(extra, message, tmp_path, capsys):
     assert main(["replay", str(tmp_path), "--llm", "local", *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_session_that_never_starts_leaves_no_recording(tmp_path):
+    """Refused (busy, unknown backend): nothing under --record, so that kame replay DIR finds only real sessions."""
+    root = tmp_path / "rec"
+    with running_server(asr="none", max_sessions=1, record_dir=str(root)) as (url, _):
+        async def scenario():
+            held = await KameClient.connect(url + "/api/chat")
+            await stream_realtime(held, np.zeros(4800, np.float32))
+            with pytest.raises(ServerBusy):
+                await KameClient.connect(url + "/api/chat")
+            await held.close()
+            with pytest.raises(ServerRefused, match="unknown backend"):
+                await KameClient.connect(url + "/api/chat", backend="nope")
+
+        asyncio.run(scenario())
+        deadline = time.monotonic() + 10
+        while len(list(root.glob("*/events.jsonl"))) != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # a refusal's recording would be written by now
+        folders = sorted(p.name for p in root.iterdir())
+    assert len(folders) == 1, folders

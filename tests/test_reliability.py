@@ -119,7 +119,8 @@ def test_idle_and_session_time_limits():
             return got, client.close_code
 
         got, code = asyncio.run(idle())
-        assert code == 1001 and any("no message" in e.message for e in events_of(got, "error"))
+        assert code == 1001 and [(e.code, "no message" in e.message) for e in events_of(got, "error")] == [
+            ("limit", True)]  # a limit, not a shutdown, though both close with 1001
     with running_server(asr="none", max_session_s=1.5) as (url, _):
         async def long_session():
             client, got, task = await open_recording(url)

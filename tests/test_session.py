@@ -151,3 +151,33 @@ def test_a_reader_that_falls_behind_loses_audio_frames_only(runtime):
     assert session.dropped_events >= session.frames_out - 8
     assert [e.final for e in kept if isinstance(e, Transcript)] == [False, True]  # transcripts all kept
     assert any(isinstance(e, OracleApplied) for e in kept)
+
+
+def test_a_close_cut_short_still_gives_the_slot_back(runtime):
+    """aclose() cancelled while the ASR stream closes (slow): the slot must not be lost."""
+    class _SlowClose(ScriptedAsr):
+        def open_stream(self):
+            stream = super().open_stream()
+
+            async def slow_close() -> None:
+                await asyncio.sleep(5)
+
+            stream.aclose = slow_close
+            return stream
+
+    runtime.asr = _SlowClose()
+
+    async def scenario():
+        session = await TandemSession.open(runtime)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.2):
+                await session.aclose()
+        await session.aclose()  # a second close returns at once
+        for _ in range(100):  # the engine thread frees the slot
+            if runtime.runner.free_slots == 2:
+                break
+            await asyncio.sleep(0.02)
+        return session
+
+    session = asyncio.run(scenario())
+    assert session.handle.closed and runtime.runner.free_slots == 2
