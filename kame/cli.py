@@ -51,50 +51,37 @@ def _default_frontend(source: str | None, device: str) -> str:
 
 def _infer_tandem(args: argparse.Namespace) -> int:
     """The recorded question through a real tandem session in this process: ASR, planner, LLM."""
-    import asyncio
+
+    import dataclasses
 
     from kame.audio import read_audio, write_wav
-    from kame.backend.profiles import DEFAULT_PROFILES, BackendProfile
     from kame.converse import converse
+    from kame.eval.inprocess import CUSTOM, profiles_for, run_in_process
     from kame.runtime import Runtime, RuntimeSettings
-    from kame.session_events import AssistantText
+    from kame.session_events import AssistantAudio, AssistantText, SessionStats
 
     if args.oracle:
         raise KameError("--oracle schedules a scripted oracle; with --llm the LLM gives it: use one or the other")
     if (args.llm_base_url is None) != (args.llm_model is None):
         raise KameError("--llm-base-url and --llm-model go together")
-    profiles = dict(DEFAULT_PROFILES)
-    name = args.llm
-    if args.llm_model is not None:
-        name = "custom"
-        profiles[name] = BackendProfile(name, args.llm_base_url, args.llm_model, args.llm_api_key_env)
+    profiles = profiles_for(args)
+    name = CUSTOM if args.llm_model is not None else args.llm
     if name not in profiles:
         raise KameError(f"unknown LLM profile {name!r}; known: {', '.join(profiles)}")
     pcm = read_audio(args.input)
     runtime = Runtime.start(RuntimeSettings(frontend=args.frontend, device=args.device, max_sessions=1,
                                             asr=args.asr, asr_model=args.asr_model, profiles=profiles,
                                             default_profile=name, engine_clock="eager"))
-    try:
-        conversation = asyncio.run(_converse_and_close(runtime, converse(runtime, pcm, tail_s=args.tail)))
-    finally:
-        runtime.close()
+    conversation = run_in_process(runtime, lambda: converse(runtime, pcm, tail_s=args.tail))
     write_wav(args.output, conversation.assistant_audio)
     if args.json:
         print(json.dumps({"text": conversation.assistant_text, "output": str(args.output), "events": [
-            {"t": round(t, 3), "type": type(e).__name__, **{k: v for k, v in e.__dict__.items() if k != "pcm"}}
-            for t, e in conversation.events if type(e).__name__ not in ("AssistantAudio", "SessionStats")
-            and not isinstance(e, AssistantText)]}))
+            {"t": round(t, 3), "type": type(e).__name__, **dataclasses.asdict(e)} for t, e in conversation.events
+            if not isinstance(e, AssistantAudio | AssistantText | SessionStats)]}))
     else:
         print("\n".join(conversation.lines()))
         print(f"assistant: {conversation.assistant_text}")
     return 0
-
-
-async def _converse_and_close(runtime, conversation):
-    try:
-        return await conversation
-    finally:
-        await runtime.aclose_llms()  # on this loop, which used them
 
 
 def _cmd_transcribe(args: argparse.Namespace) -> int:
