@@ -106,7 +106,7 @@ class BatchedEngine:
         """Take a free slot, reset to a clean start (codec, LM and oracle state)."""
         free = [s for s in range(self.batch_size) if s not in self._active]
         if not free:
-            raise SlotsBusy(f"all {self.batch_size} session slots are busy; try again later")
+            raise SlotsBusy(f"all {self.batch_size} slots are in use")
         slot = free[0]
         self.reset_slot(slot)
         self._active.add(slot)
