@@ -5,7 +5,7 @@ their slot acquisition: anything of another generation is dropped, so nothing of
 occupant reaches the next. A batched step costs the whole batch however many slots it steps, so with
 `clock="tick"` the engine thread steps once per `frame_s` for every active slot that has a frame (at
 once when every active slot has one), a live slot holding more than `jitter_frames` skips to live (and
-one that stays a frame behind for `STANDING_TICKS` steps drops that frame), an overrun skips the
+one that stays a frame behind for `STANDING_TICKS` steps gets one extra step), an overrun skips the
 missed ticks, and the thread sleeps while no slot has a frame. A slot acquired with
 `live=False` (a client that sends faster than real time on purpose) never skips: alone, it is stepped
 as fast as the engine goes. `clock="eager"` steps as soon as a frame arrives, waiting at most
@@ -38,7 +38,7 @@ OutputCallback = Callable[[FrameOutput], None]
 ErrorCallback = Callable[[BaseException], None]
 Clock = Literal["tick", "eager"]
 OVERRUN_LOG_INTERVAL_S = 60.0  # an overloaded engine warns at most this often
-STANDING_TICKS = 4  # a live slot still a frame behind after this many steps in a row drops one frame
+STANDING_TICKS = 4  # a live slot still a frame behind after this many steps in a row gets one extra step
 
 
 @dataclass
@@ -148,6 +148,7 @@ class EngineRunner:
         self._generation = 0  # of the latest acquisition
         self._next_tick: float | None = None  # monotonic time of the next tick; None while idle
         self._idle = False  # the engine thread sleeps until a frame arrives (tick clock)
+        self._catch_up_now = False  # a live slot is a frame behind for good: one extra step (tick clock)
         self._overrun_logged_at: float | None = None
 
     @property
@@ -312,7 +313,11 @@ class EngineRunner:
                 now = time.monotonic()
                 due = self._next_tick is None or now >= self._next_tick
                 if self._any_frame() and (due or self._all_frames()):  # every slot ready: no need to wait
+                    self._catch_up_now = False
                     self._start_tick(now, early=not due)
+                    return [], self._take_batch(skip_to_live=True)
+                if self._catch_up_now and self._any_frame():  # one extra step, the grid stays where it is
+                    self._catch_up_now = False
                     return [], self._take_batch(skip_to_live=True)
                 if due:
                     self._next_tick = None  # idle: sleep until a frame arrives, then step at once
@@ -397,13 +402,12 @@ class EngineRunner:
 
     def _catch_up(self, inbox: _SlotInbox) -> None:
         """A slot that still holds a frame after STANDING_TICKS steps in a row is a frame behind for
-        good (one late frame, then on time): it drops its oldest frame instead of getting extra
-        steps, which would cost the whole batch every time a client sends in bursts."""
+        good (one late frame, then on time): one extra step catches it up, its audio kept. A client
+        that merely sends in bursts (two frames, then none) never qualifies, so it costs no extra
+        steps of the whole batch."""
         inbox.behind = inbox.behind + 1 if inbox.frames else 0
         if inbox.behind >= STANDING_TICKS:
-            inbox.frames.popleft()
-            inbox.dropped_frames += 1
-            self.stats.skipped_frames += 1
+            self._catch_up_now = True
             inbox.behind = 0
 
     def _skip_to_live(self, inbox: _SlotInbox) -> None:
