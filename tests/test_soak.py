@@ -4,14 +4,13 @@ The long version: scripts/soak.py --minutes N."""
 from __future__ import annotations
 
 import asyncio
-import time
 import urllib.request
 
 from client.loadgen import soak
 from kame.testing.openai_server import ScriptedOpenAIServer, faulty_script
 from server.settings import ProfileSettings
 
-from .server_harness import rss_mb, running_server
+from .server_harness import rss_mb, running_server, wait_until_all_slots_free
 
 SECONDS = 20
 
@@ -28,14 +27,11 @@ def test_short_soak(voices):
             report = asyncio.run(soak(url + "/api/chat", voices["spider"], SECONDS, good=2))
             http = url.replace("ws://", "http://")
             healthy = urllib.request.urlopen(http + "/healthz", timeout=5).status == 200
-            deadline = time.monotonic() + 10
-            while services.runtime.runner.free_slots != 4 and time.monotonic() < deadline:
-                time.sleep(0.1)
-            free = services.runtime.runner.free_slots
+            wait_until_all_slots_free(services)  # every slot was freed
             growth = rss_mb() - before
     finally:
         llm.stop_thread()
-    assert healthy and free == 4  # the server is up and every slot was freed
+    assert healthy  # the server is up
     for good in report["good"]:
         assert not good.errors
         assert good.real_time_ratio > 0.95  # every good session kept getting its audio back
