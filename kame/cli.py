@@ -51,27 +51,20 @@ def _default_frontend(source: str | None, device: str) -> str:
 
 def _infer_tandem(args: argparse.Namespace) -> int:
     """The recorded question through a real tandem session in this process: ASR, planner, LLM."""
-
     import dataclasses
 
     from kame.audio import read_audio, write_wav
     from kame.converse import converse
-    from kame.eval.inprocess import CUSTOM, profiles_for, run_in_process
-    from kame.runtime import Runtime, RuntimeSettings
+    from kame.eval.inprocess import CUSTOM, run_in_process, start_runtime
     from kame.session_events import AssistantAudio, AssistantText, SessionStats
 
     if args.oracle:
         raise KameError("--oracle schedules a scripted oracle; with --llm the LLM gives it: use one or the other")
     if (args.llm_base_url is None) != (args.llm_model is None):
         raise KameError("--llm-base-url and --llm-model go together")
-    profiles = profiles_for(args)
-    name = CUSTOM if args.llm_model is not None else args.llm
-    if name not in profiles:
-        raise KameError(f"unknown LLM profile {name!r}; known: {', '.join(profiles)}")
     pcm = read_audio(args.input)
-    runtime = Runtime.start(RuntimeSettings(frontend=args.frontend, device=args.device, max_sessions=1,
-                                            asr=args.asr, asr_model=args.asr_model, profiles=profiles,
-                                            default_profile=name, engine_clock="eager"))
+    name = CUSTOM if args.llm_model is not None else args.llm
+    runtime = start_runtime(args, [name], realtime=True, asr_model=args.asr_model)
     conversation = run_in_process(runtime, lambda: converse(runtime, pcm, tail_s=args.tail))
     write_wav(args.output, conversation.assistant_audio)
     if args.json:

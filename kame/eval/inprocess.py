@@ -60,7 +60,8 @@ def profiles_for(args: argparse.Namespace) -> dict[str, BackendProfile]:
     return profiles
 
 
-def start_runtime(args: argparse.Namespace, names: Sequence[str | None], realtime: bool) -> Runtime:
+def start_runtime(args: argparse.Namespace, names: Sequence[str | None], realtime: bool,
+                  asr_model: str | None = None) -> Runtime:
     """One engine slot, stepped as soon as a frame comes; the first named profile is the default."""
     from kame.runtime import Runtime, RuntimeSettings
 
@@ -70,7 +71,7 @@ def start_runtime(args: argparse.Namespace, names: Sequence[str | None], realtim
         raise KameError(f"unknown LLM profile {unknown[0]!r}; known: {', '.join(profiles)}")
     default = next((n for n in names if n is not None), RuntimeSettings.default_profile)
     return Runtime.start(RuntimeSettings(frontend=args.frontend, device=args.device or "auto", max_sessions=1,
-                                         asr=args.asr, profiles=profiles, default_profile=default,
+                                         asr=args.asr, asr_model=asr_model, profiles=profiles, default_profile=default,
                                          asr_realtime=realtime, engine_clock="eager"))
 
 
