@@ -107,6 +107,7 @@ class KameClient:
     def __init__(self, ws, audio: str) -> None:
         self.ws, self.audio = ws, audio
         self._encoder, self._decoder = OpusEncoder(), OpusDecoder()
+        self.metadata: dict | None = None  # the server's kind-4 message (model, sampling), once it came
 
     @classmethod
     async def connect(cls, url: str, events: bool = True, audio: str = "opus", backend: str | None = None,
@@ -174,6 +175,11 @@ class KameClient:
             return EventMessage(parse_event(payload), now)
         if kind is Kind.ERROR:
             return ErrorMessage(payload.decode("utf-8", errors="replace"), now)
+        if kind is Kind.METADATA:
+            try:
+                self.metadata = json.loads(payload)
+            except ValueError as exc:
+                raise ProtocolError(f"unreadable metadata: {exc}") from exc
         return None
 
     @property

@@ -20,6 +20,7 @@ import statistics
 import time
 import uuid
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -75,6 +76,7 @@ class SessionConfig:
     output_frames: int = 64  # events buffered for a slow reader; beyond it the oldest audio frame goes
     stats_interval_s: float | None = None  # a SessionStats event this often; None: never
     asr_stall_s: float = 10.0  # the ASR this far behind: go on without it
+    sampling: Mapping[str, float | int | str] = dataclasses.field(default_factory=dict)  # over the checkpoint's
 
 
 class SessionObserver(Protocol):
@@ -94,6 +96,10 @@ class TandemSession:
         self.backend = config.backend or runtime.default_profile
         if self.backend not in runtime.profiles:
             raise SessionError(f"unknown backend profile {self.backend!r}; known: {', '.join(runtime.profiles)}")
+        try:  # the front-end's sampling for this session: the checkpoint's, with what it asked for
+            self.sampling = runtime.engine.sampler.default.updated(config.sampling)
+        except ValueError as exc:
+            raise SessionError(str(exc)) from exc
         self._observers = list(observers)
         self._loop = asyncio.get_running_loop()
         self._outputs: asyncio.Queue[FrameOutput | BaseException] = asyncio.Queue()
@@ -130,7 +136,8 @@ class TandemSession:
         if runtime.runner.free_slots <= 0:
             raise SlotsBusy(f"all {runtime.engine.batch_size} session slots are busy; try again later")
         session.handle = await runtime.runner.acquire_async(session._on_output_threadsafe,
-                                                            session._on_error_threadsafe, live=config.realtime)
+                                                            session._on_error_threadsafe, live=config.realtime,
+                                                            sampling=session.sampling)
         try:
             session._start()
         except BaseException:

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from websockets.exceptions import ConnectionClosed
 
+import kame
 from kame.codec import OpusDecoder, OpusEncoder, pcm16_decode, pcm16_encode
 from kame.errors import SessionError
+from kame.frontend.sampling import SAMPLING_PARAMETERS, Sampling
 from kame.protocol import (
     ErrorEvent,
     Kind,
@@ -64,6 +67,8 @@ class SessionOptions:
     asr: bool = True  # False (?asr=off): no transcripts, no oracle: the front-end alone (plain Moshi)
     oracle_delay_s: float = 0.0  # hold every oracle update back this long (latency experiments)
     realtime: bool = True  # False (?realtime=0): the client sends faster than real time; no frame is skipped
+    sampling: dict[str, float | int] = field(default_factory=dict)  # Moshi's sampling query parameters
+    ignored: tuple[str, ...] = ()  # parameters Moshi's clients send that this server cannot honour
 
     @classmethod
     def from_query(cls, params) -> SessionOptions:
@@ -76,8 +81,17 @@ class SessionOptions:
             raise ProtocolError("oracle_delay must be a number of seconds") from exc
         if not 0 <= delay <= 30:
             raise ProtocolError("oracle_delay must be between 0 and 30 seconds")
+        asked = {name: params[name] for name in SAMPLING_PARAMETERS if name in params}
+        try:
+            sampling = {name: getattr(Sampling().updated(asked), name) for name in asked}
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from exc
         return cls(_flag(params, "events", False), audio, params.get("backend"), _flag(params, "asr", True), delay,
-                   _flag(params, "realtime", True))
+                   _flag(params, "realtime", True), sampling, tuple(name for name in _IGNORED if name in params))
+
+
+# Per-session seeds cannot hold in a batch: every slot draws from the one generator of the device.
+_IGNORED = ("text_seed", "audio_seed", "seed")
 
 
 def _flag(params, name: str, default: bool) -> bool:
@@ -107,7 +121,7 @@ class Session:
         """Take an engine slot for this connection (SlotsBusy, SessionError)."""
         config = self.settings.session_config(
             backend=self.options.backend, asr=self.options.asr, oracle_delay_s=self.options.oracle_delay_s,
-            realtime=self.options.realtime,
+            realtime=self.options.realtime, sampling=self.options.sampling,
             stats_interval_s=self.settings.stats_interval_s if self.options.events else None)
         observers = [SessionMetrics(self.services.metrics)]
         if self.settings.record_dir is not None:
@@ -136,6 +150,7 @@ class Session:
         runtime = self.services.runtime
         try:
             await self._send_now(encode(Kind.HANDSHAKE))
+            await self._send_now(encode(Kind.METADATA, json.dumps(self._metadata(tandem)).encode()))
             self._event(ReadyEvent(
                 session_id=self.id, frontend=runtime.frontend.source, asr=runtime.asr.name, backend=tandem.backend,
                 backends=list(runtime.profiles), system_prompt=tandem.planner.system_prompt,
@@ -163,6 +178,21 @@ class Session:
             if self._recorder is not None:
                 await asyncio.to_thread(self._recorder.close)
             self.ended.set()
+
+    def _metadata(self, tandem: TandemSession) -> dict:
+        """The kind-4 message: the facts Moshi's servers send (its web client shows them), and ours."""
+        runtime = self.services.runtime
+        return {
+            **tandem.sampling.as_dict(),  # what this session samples with, after its query parameters
+            "lm_model_file": runtime.frontend.source,
+            "instance_name": f"kame {kame.__version__}",
+            "build_info": {"version": kame.__version__, "device": str(runtime.engine.device)},
+            "session_id": self.id,
+            "asr": runtime.asr.name if self.options.asr else "none",
+            "backend": tandem.backend,
+            "max_sessions": runtime.engine.batch_size,
+            "ignored_parameters": list(self.options.ignored),
+        }
 
     def shutdown(self, reason: str) -> None:
         """The server is stopping: tell the client and end the session (through its own tasks)."""

@@ -19,32 +19,17 @@ import numpy as np
 import torch
 from moshi.models.lm import LMGen
 from moshi.utils.compile import no_compile
+from moshi.utils.sampling import sample_token
 
 from kame.audio import FRAME_SIZE, SAMPLE_RATE
 from kame.errors import EngineError, SlotsBusy
 from kame.frontend.loader import Frontend
 from kame.frontend.oracle import AppliedUpdate, OracleTimeline, OracleUpdate
+from kame.frontend.sampling import GenerationConfig, Sampling, SlotSampler
 
 logger = logging.getLogger(__name__)
 
 FRAME_RATE = SAMPLE_RATE / FRAME_SIZE
-
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    """Sampling settings of the LM; defaults are Moshi's, overridden by the checkpoint's lm_gen_config."""
-
-    use_sampling: bool = True  # False: argmax, deterministic (tests, tiny models)
-    temp: float = 0.8  # audio temperature
-    temp_text: float = 0.7  # text temperature
-    top_k: int = 250  # audio top-k
-    top_k_text: int = 25  # text top-k
-    cfg_coef: float = 1.0  # classifier-free guidance; != 1 doubles the batch, oracle included
-
-    @classmethod
-    def from_dict(cls, values: Mapping) -> GenerationConfig:
-        known = {k: v for k, v in values.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
 
 
 @dataclass(frozen=True)
@@ -78,10 +63,13 @@ class BatchedEngine:
         # torch.compile costs ~20 s per shape on a CPU for little gain: GPU only by default.
         self._compile = self.device.type == "cuda" if compile is None else compile
         lm = frontend.lm
-        self.lm_gen = LMGen(
-            lm, use_sampling=self.gen.use_sampling, temp=self.gen.temp, temp_text=self.gen.temp_text,
-            top_k=self.gen.top_k, top_k_text=self.gen.top_k_text, cfg_coef=self.gen.cfg_coef,
-            cfg_is_no_text=self.gen.cfg_coef != 1.0 and lm.fuser is None, support_out_of_sync=True,
+        self.sampler = SlotSampler(batch_size, self.device, Sampling.of(self.gen), lm.text_padding_token_id)
+        # each step, the sampler tells moshi what to sample with (temperature 1, no top-k once it has
+        # shaped each slot's logits itself)
+        self.lm_gen = _SlotLMGen(
+            self.sampler, lm, use_sampling=self.gen.use_sampling, temp=1.0, temp_text=1.0, top_k=0, top_k_text=0,
+            cfg_coef=self.gen.cfg_coef, cfg_is_no_text=self.gen.cfg_coef != 1.0 and lm.fuser is None,
+            support_out_of_sync=True,
         )
         self._text_skip = {lm.text_padding_token_id, lm.end_of_text_padding_id}
         self._stack = contextlib.ExitStack()
@@ -102,13 +90,15 @@ class BatchedEngine:
     def free_slots(self) -> int:
         return self.batch_size - len(self._active)
 
-    def acquire(self) -> int:
-        """Take a free slot, reset to a clean start (codec, LM and oracle state)."""
+    def acquire(self, sampling: Sampling | None = None) -> int:
+        """Take a free slot, reset to a clean start (codec, LM and oracle state), sampling as asked
+        (None: the checkpoint's settings)."""
         free = [s for s in range(self.batch_size) if s not in self._active]
         if not free:
             raise SlotsBusy(f"all {self.batch_size} slots are in use")
         slot = free[0]
         self.reset_slot(slot)
+        self.sampler.set(slot, sampling)
         self._active.add(slot)
         return slot
 
@@ -223,12 +213,44 @@ class BatchedEngine:
             pcm = pcm_out[slot].numpy() if ready else np.zeros(FRAME_SIZE, dtype=np.float32)
             text = int(tokens[slot, 0, 0])
             text_token = None if text < 0 or text in self._text_skip else text
+            self.sampler.record_text(slot, text_token)
             frame = self._frames[slot] - 1
             outputs.append(FrameOutput(slot, frame, pcm, ready, text_token, oracle[slot], applied[slot]))
         return outputs
 
     def close(self) -> None:
         self._stack.close()
+
+
+class _SlotLMGen(LMGen):
+    """moshi's LMGen sampling each slot with its own settings (text: through moshi's logits hook;
+    audio: in this depformer step, which moshi graphs on CUDA)."""
+
+    def __init__(self, sampler: SlotSampler, *args, **kwargs) -> None:
+        super().__init__(*args, on_text_logits_hook=self._on_text_logits, **kwargs)
+        self._sampler = sampler
+        self._graphed = self.lm_model.device.type == "cuda"  # moshi graphs the depformer on CUDA only
+
+    def _on_text_logits(self, logits: torch.Tensor) -> None:
+        self.temp_text, self.top_k_text = self._sampler.text_logits(logits)
+
+    def depformer_step(self, text_token: torch.Tensor, transformer_out: torch.Tensor) -> torch.Tensor:
+        lm = self.lm_model
+        guided = self.cfg_coef != 1.0
+        batch = text_token.shape[0]
+        previous, tokens = text_token, []
+        with lm.depformer.streaming(2 * batch if guided else batch):
+            for codebook in range(lm.dep_q):
+                sequence = previous[:, None, None]
+                logits = lm.forward_depformer(codebook, sequence.repeat(2, 1, 1) if guided else sequence,
+                                              transformer_out)
+                if guided:
+                    conditioned, unconditioned = logits.chunk(2)
+                    logits = unconditioned + (conditioned - unconditioned) * self.cfg_coef
+                logits, temperature, top_k = self._sampler.audio_logits(logits.float(), self._graphed)
+                previous = sample_token(logits, self.use_sampling, temperature, top_k)[:, 0, 0]
+                tokens.append(previous)
+        return torch.stack(tokens, dim=1)
 
 
 class _PhaseClock:

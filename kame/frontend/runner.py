@@ -31,6 +31,7 @@ from kame.audio import FRAME_S
 from kame.errors import EngineError
 from kame.frontend.engine import FRAME_SIZE, BatchedEngine, FrameOutput
 from kame.frontend.oracle import OracleUpdate
+from kame.frontend.sampling import Sampling
 
 logger = logging.getLogger(__name__)
 
@@ -198,11 +199,12 @@ class EngineRunner:
     # ---------------------------------------------------------------- slots
 
     def acquire(self, on_output: OutputCallback, on_error: ErrorCallback | None = None,
-                timeout: float | None = 30.0, live: bool = True) -> SlotHandle:
+                timeout: float | None = 30.0, live: bool = True, sampling: Sampling | None = None) -> SlotHandle:
         """Reserve and reset a slot under a new generation (blocking until the engine thread has done it).
 
-        `live=False`: the client sends faster than real time on purpose; its frames never skip to live."""
-        future = self._call(self._acquire_fn(on_output, on_error, live))
+        `live=False`: the client sends faster than real time on purpose; its frames never skip to live.
+        `sampling`: the slot's own sampling settings (None: the checkpoint's)."""
+        future = self._call(self._acquire_fn(on_output, on_error, live, sampling))
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
@@ -210,8 +212,8 @@ class EngineRunner:
             raise
 
     async def acquire_async(self, on_output: OutputCallback, on_error: ErrorCallback | None = None,
-                            live: bool = True) -> SlotHandle:
-        future = self._call(self._acquire_fn(on_output, on_error, live))
+                            live: bool = True, sampling: Sampling | None = None) -> SlotHandle:
+        future = self._call(self._acquire_fn(on_output, on_error, live, sampling))
         try:
             return await asyncio.shield(asyncio.wrap_future(future))
         except asyncio.CancelledError:
@@ -219,9 +221,9 @@ class EngineRunner:
             raise
 
     def _acquire_fn(self, on_output: OutputCallback, on_error: ErrorCallback | None,
-                    live: bool) -> Callable[[], SlotHandle]:
+                    live: bool, sampling: Sampling | None) -> Callable[[], SlotHandle]:
         def _acquire() -> SlotHandle:
-            slot = self.engine.acquire()
+            slot = self.engine.acquire(sampling)
             with self._cond:
                 self._generation += 1
                 inbox = self._inboxes[slot] = _SlotInbox(self._generation, on_output, on_error, live)
