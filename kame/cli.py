@@ -15,9 +15,18 @@ def _add_frontend_args(parser: argparse.ArgumentParser) -> None:
                         help="preset (tiny, tiny-copy, moshi-7b-random), local directory, or HF repo id "
                              "(default: SakanaAI/kame with a GPU, the tiny-copy demo without, as kame serve)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda (default: auto)")
+    _add_quantize_arg(parser)
+
+
+def _add_quantize_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quantize", default=None, choices=["int8"],
+                        help="int8: the front-end LM's weights in int8 through bitsandbytes (CUDA only)")
 
 
 def _cmd_infer(args: argparse.Namespace) -> int:
+    from kame.frontend.loader import check_quantize, resolve_device
+
+    check_quantize(args.quantize, resolve_device(args.device))  # the flags before the audio
     if args.llm or args.llm_model:
         return _infer_tandem(args)
     from kame.audio import read_audio, write_wav
@@ -29,7 +38,7 @@ def _cmd_infer(args: argparse.Namespace) -> int:
     times = list(args.oracle_at) + [0.0] * (len(args.oracle) - len(args.oracle_at))
     cues = [OracleCue(at, text) for at, text in zip(times, args.oracle, strict=True)]
     pcm = read_audio(args.input)
-    frontend = load_frontend(_default_frontend(args.frontend, args.device), args.device)
+    frontend = load_frontend(_default_frontend(args.frontend, args.device), args.device, quantize=args.quantize)
     result = run_inference(frontend, pcm, cues, tail_s=args.tail)
     write_wav(args.output, result.audio)
     if args.json:
@@ -106,6 +115,7 @@ def add_frontend_bench_args(parser: argparse.ArgumentParser) -> None:
     """`kame bench frontend`'s flags (here, so that building the parser imports no torch)."""
     parser.add_argument("--frontend", default="tiny", help="front-end source (default: tiny)")
     parser.add_argument("--device", default="auto")
+    _add_quantize_arg(parser)
     parser.add_argument("--batch-sizes", default=None, help="comma list (default: 1,4,16 on cpu; 1,8,32,64 on cuda)")
     parser.add_argument("--frames", type=int, default=50, help="timed frames per batch size (default 50)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed frames first (default 5)")

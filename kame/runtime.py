@@ -21,7 +21,7 @@ from kame.backend.planner import PlannerConfig
 from kame.backend.profiles import DEFAULT_PROFILES, BackendProfile
 from kame.errors import FrontendLoadError
 from kame.frontend.engine import BatchedEngine
-from kame.frontend.loader import Frontend, load_frontend, resolve_device
+from kame.frontend.loader import Frontend, check_quantize, load_frontend, resolve_device
 from kame.frontend.runner import EngineRunner
 
 logger = logging.getLogger(__name__)
@@ -33,6 +33,7 @@ OFFLINE_DEMO_HINT = "for the offline CPU demo run: kame serve --frontend tiny-co
 class RuntimeSettings:
     frontend: str | None = None  # preset, directory or HF repo; None: SakanaAI/kame with a GPU, else tiny-copy
     device: str = "auto"  # auto | cpu | cuda
+    quantize: str | None = None  # "int8": the front-end LM's linear layers in int8 (CUDA only)
     max_sessions: int | None = None  # engine slots; None: 32 on a GPU, 4 on a CPU
     asr: str | None = None  # whisper | kyutai-stt | none; None: kyutai-stt with a GPU, else whisper
     asr_model: str | None = None
@@ -70,10 +71,11 @@ class Runtime:
         """Load and warm every model (blocking: run it off the event loop); one log line per stage."""
         device = resolve_device(settings.device)
         cuda = device.type == "cuda"
+        check_quantize(settings.quantize, device)  # before any download
         source = settings.frontend or log_default_frontend(cuda)
         logger.info("[1/4] loading front-end %s on %s", source, device)
         try:
-            frontend = load_frontend(source, device)
+            frontend = load_frontend(source, device, quantize=settings.quantize)
         except FrontendLoadError as exc:
             hint = f"; {OFFLINE_DEMO_HINT}" if device.type == "cpu" else ""
             raise FrontendLoadError(f"{exc}{hint}") from exc

@@ -1,18 +1,39 @@
 #!/usr/bin/env bash
 # GPU benchmark in one command (about 8 minutes on one H200): installs the project, then
 #  1. the front-end engine: Moshi 7B architecture (random weights), bf16, CUDA graphs, batch 1/8/32/64;
-#  2. the whole server under load: kame serve on that model, N real-time sessions (1, 8, 32, 64).
-# Writes $OUT (default ./gpu-bench)/{frontend.json, load.json, report.md}.
+#  2. the same in int8 (--quantize int8, bitsandbytes), batch 1/8/32: memory, step time, sessions that fit;
+#  3. the whole server under load: kame serve on that model, N real-time sessions (1, 8, 32, 64).
+# Writes $OUT (default ./gpu-bench)/{frontend.json, frontend-int8.json, fit.md, load.json, report.md}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-bench}
 mkdir -p "$OUT"
 python3 -m venv .venv-gpu && . .venv-gpu/bin/activate
-pip install -q -e . 2>&1 | tail -2
+pip install -q -e ".[gpu]" 2>&1 | tail -2
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
 timeout 300 kame bench frontend --frontend moshi-7b-random --device cuda --batch-sizes 1,8,32,64 \
     --frames 50 --warmup 10 --json-out "$OUT/frontend.json" | tee "$OUT/frontend.md"
+timeout 240 kame bench frontend --frontend moshi-7b-random --device cuda --quantize int8 --batch-sizes 1,8,32 \
+    --frames 50 --warmup 10 --json-out "$OUT/frontend-int8.json" | tee "$OUT/frontend-int8.md" || true
+# sessions that fit per card size: weights + per-slot growth of the peak (KV cache, activations), measured
+python3 - "$OUT" >"$OUT/fit.md" <<'PY' || true
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+print("| weights | weights GiB | GiB per extra slot | 16 GiB | 24 GiB | 48 GiB | 80 GiB | 141 GiB |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
+for name in ("frontend.json", "frontend-int8.json"):
+    if not (out / name).exists():
+        continue
+    result = json.loads((out / name).read_text())
+    rows = [r for r in result["rows"] if "peak_mem_gib" in r]
+    first, last = rows[0], rows[-1]
+    per_slot = (last["peak_mem_gib"] - first["peak_mem_gib"]) / (last["batch"] - first["batch"])
+    base = first["peak_mem_gib"] - per_slot * first["batch"]
+    fits = [max(0, int((card * 0.95 - base) / per_slot)) for card in (16, 24, 48, 80, 141)]
+    print(f"| {result['dtype']} | {result['weights_gib']} | {per_slot:.2f} | " + " | ".join(map(str, fits)) + " |")
+PY
+cat "$OUT/fit.md"
 
 PORT=18999
 kame serve --frontend moshi-7b-random --device cuda --asr none --llm local --max-sessions 64 --port $PORT \
@@ -28,6 +49,8 @@ trap - EXIT
 {
   echo "# GPU benchmark ($(cat "$OUT/gpu.txt"))"
   echo; echo "## Front-end engine"; echo; tail -n +1 "$OUT/frontend.md" | grep -E '^\||^front-end'
+  echo; echo "## Front-end engine, int8"; echo; grep -E '^\||^front-end' "$OUT/frontend-int8.md" || true
+  echo; echo "## Sessions that fit (95 % of the card)"; echo; cat "$OUT/fit.md"
   echo; echo "## Server under load"; echo; grep -E '^\||^largest' "$OUT/load.md"
 } > "$OUT/report.md"
 cat "$OUT/report.md"

@@ -18,6 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--frontend", default=None,
                        help="preset, local directory or HF repo (default: SakanaAI/kame with a GPU, tiny-copy without)")
     serve.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
+    serve.add_argument("--quantize", default=None, choices=["none", "int8"],
+                       help="int8: the front-end LM's weights in int8 through bitsandbytes (CUDA only; about half "
+                            "the memory of bf16, see docs/benchmarks.md); default none")
     serve.add_argument("--max-sessions", type=int, default=None, help="session slots (default: 4 on CPU, 32 on GPU)")
     serve.add_argument("--asr", default=None, choices=["whisper", "kyutai-stt", "none"])
     serve.add_argument("--asr-model", default=None)
@@ -43,7 +46,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     settings = load_settings(
         args.config, host=args.host, port=args.port, frontend=args.frontend, device=args.device,
-        max_sessions=args.max_sessions, asr=args.asr, asr_model=args.asr_model, llm=args.llm,
+        quantize=args.quantize, max_sessions=args.max_sessions, asr=args.asr, asr_model=args.asr_model, llm=args.llm,
         llm_base_url=args.llm_base_url, llm_model=args.llm_model, llm_api_key_env=args.llm_api_key_env,
         auth_tokens=args.auth_token, record_dir=args.record)
     services = Services.start(settings)  # load and warm everything before the port opens

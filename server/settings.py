@@ -84,6 +84,7 @@ class ServerSettings(BaseSettings):
     port: int = Field(8998, ge=0, le=65535)
     frontend: str | None = None  # None: SakanaAI/kame with a GPU, else the offline demo tiny-copy
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    quantize: Literal["none", "int8"] = "none"  # int8: the front-end LM in int8 weights (CUDA, bitsandbytes)
     max_sessions: int | None = Field(None, ge=1, le=512)  # None: 4 on a CPU, 32 on a GPU
     asr: Literal["whisper", "kyutai-stt", "none"] | None = None  # None: kyutai-stt with a GPU, else whisper
     asr_model: str | None = None
@@ -167,7 +168,8 @@ class ServerSettings(BaseSettings):
     def runtime_settings(self) -> RuntimeSettings:
         """The library runtime's part of the settings."""
         return RuntimeSettings(
-            frontend=self.frontend, device=self.device, max_sessions=self.max_sessions, asr=self.asr,
+            frontend=self.frontend, device=self.device, quantize=None if self.quantize == "none" else self.quantize,
+            max_sessions=self.max_sessions, asr=self.asr,
             asr_model=self.asr_model, asr_options=self.asr_options(), profiles=self.all_profiles(),
             default_profile=self.default_profile,
             planner=self.planner_config(), engine_clock=self.engine_clock, jitter_frames=self.jitter_frames,

@@ -73,6 +73,10 @@ def test_errors_are_one_clear_line(tmp_path, capsys):
                  "--output", str(tmp_path / "o.wav")]) == 2
     assert "no such file" in capsys.readouterr().err
     assert main(["infer", "--frontend", str(tmp_path), "--input", str(bad), "--output", "o.wav"]) == 2
+    capsys.readouterr()
+    for command in (["infer", "--input", str(bad), "--output", "o.wav"], ["bench", "frontend"]):
+        assert main([*command, "--device", "cpu", "--quantize", "int8"]) == 2
+        assert "--quantize int8 runs on a CUDA GPU only" in capsys.readouterr().err
 
 
 def test_console_script_runs(question_wav, tmp_path):

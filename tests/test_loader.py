@@ -139,3 +139,33 @@ def test_cuda_request_without_gpu_is_clear():
         pytest.skip("this machine has a GPU")
     with pytest.raises(FrontendLoadError, match="no CUDA GPU"):
         load_frontend("tiny", "cuda")
+
+
+def test_int8_on_a_cpu_is_refused_before_anything_loads():
+    with pytest.raises(FrontendLoadError, match="--quantize int8 runs on a CUDA GPU only"):
+        load_frontend("SakanaAI/kame", "cpu", quantize="int8")  # no download is tried first
+    with pytest.raises(FrontendLoadError, match="quantize must be one of int8"):
+        load_frontend("tiny", "cpu", quantize="int4")
+
+
+def test_int8_quantization_replaces_every_linear_layer_of_the_lm(repo_dir, monkeypatch):
+    """The layer walk, on a CPU: moshi's QLinear (bitsandbytes, CUDA) stood in by a recording double."""
+    import moshi.utils.quantize as quantize
+    from torch import nn
+
+    from kame.frontend import loader
+
+    class FakeQLinear(nn.Module):
+        def __init__(self, linear: nn.Linear) -> None:
+            super().__init__()
+            assert linear.bias is None  # moshi's QLinear refuses biases: every LM linear has none
+            self.weight = nn.Parameter(linear.weight.detach().to(torch.int8), requires_grad=False)
+
+    monkeypatch.setattr(quantize, "QLinear", FakeQLinear)
+    frontend = load_frontend(str(repo_dir), "cpu")
+    linears = sum(isinstance(m, nn.Linear) for m in frontend.lm.modules())
+    assert linears > 10
+    loader._quantize_int8(frontend, torch.device("cpu"))
+    assert not any(isinstance(m, nn.Linear) for m in frontend.lm.modules())
+    assert sum(isinstance(m, FakeQLinear) for m in frontend.lm.modules()) == linears
+    assert frontend.quantize == "int8"

@@ -149,3 +149,11 @@ def test_asr_and_history_settings_reach_the_engines(monkeypatch):
         asr.close()
     with pytest.raises(SettingsError, match="whisper.vad_threshold"):
         load_settings(None, whisper={"vad_threshold": 1.5})
+
+
+def test_quantize_is_a_setting_like_the_others(monkeypatch):
+    assert load_settings(None).runtime_settings().quantize is None
+    monkeypatch.setenv("KAME_QUANTIZE", "int8")
+    assert load_settings(None).runtime_settings().quantize == "int8"
+    with pytest.raises(SettingsError, match="setting quantize"):
+        load_settings(None, quantize="int4")

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from kame.session import SessionConfig
 
 CUSTOM = "custom"  # the profile --llm-base-url/--llm-model make, as in `kame infer`
-_FLAGS = ("frontend", "device", "asr", "llm_base_url", "llm_model", "llm_api_key_env")
+_FLAGS = ("frontend", "device", "quantize", "asr", "llm_base_url", "llm_model", "llm_api_key_env")
 T = TypeVar("T")
 
 
@@ -30,6 +30,8 @@ def add_in_process_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--frontend", default=None,
                        help="preset, local directory or HF repo (default: SakanaAI/kame on a GPU, else tiny-copy)")
     group.add_argument("--device", default=None, help="auto, cpu, cuda (default: auto)")
+    group.add_argument("--quantize", default=None, choices=["int8"],
+                       help="int8: the front-end LM's weights in int8 through bitsandbytes (CUDA only)")
     group.add_argument("--asr", default=None, choices=["whisper", "kyutai-stt", "none"],
                        help="the session's streaming ASR (default: kyutai-stt on a GPU, whisper on a CPU)")
     group.add_argument("--llm-base-url", default=None, help=f"with --llm-model: an ad-hoc OpenAI-compatible "
@@ -70,7 +72,8 @@ def start_runtime(args: argparse.Namespace, names: Sequence[str | None], realtim
     if unknown:
         raise KameError(f"unknown LLM profile {unknown[0]!r}; known: {', '.join(profiles)}")
     default = next((n for n in names if n is not None), RuntimeSettings.default_profile)
-    return Runtime.start(RuntimeSettings(frontend=args.frontend, device=args.device or "auto", max_sessions=1,
+    return Runtime.start(RuntimeSettings(frontend=args.frontend, device=args.device or "auto",
+                                         quantize=getattr(args, "quantize", None), max_sessions=1,
                                          asr=args.asr, asr_model=asr_model, profiles=profiles, default_profile=default,
                                          asr_realtime=realtime, engine_clock="eager"))
 

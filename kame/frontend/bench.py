@@ -47,8 +47,10 @@ def bench_batch(engine: BatchedEngine, frames: int, warmup: int, seed: int = 0) 
     }
 
 
-def run(source: str, device: str, batch_sizes: list[int], frames: int, warmup: int) -> dict:
-    frontend = load_frontend(source, device)
+def run(source: str, device: str, batch_sizes: list[int], frames: int, warmup: int,
+        quantize: str | None = None) -> dict:
+    frontend = load_frontend(source, device, quantize=quantize)
+    weights_gib = torch.cuda.memory_allocated() / 2**30 if frontend.device.type == "cuda" else None
     rows = []
     for batch in batch_sizes:
         if frontend.device.type == "cuda":
@@ -64,7 +66,9 @@ def run(source: str, device: str, batch_sizes: list[int], frames: int, warmup: i
     for row in rows:
         row["per_session_vs_first"] = round(row["per_session_ms"] / base, 3)
     return {
-        "frontend": source, "device": str(frontend.device), "dtype": str(frontend.dtype),
+        "frontend": source, "device": str(frontend.device),
+        "dtype": str(frontend.dtype) + (f", {quantize} linear layers" if quantize else ""),
+        "weights_gib": round(weights_gib, 2) if weights_gib is not None else None,
         "torch_threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
         "gpu": torch.cuda.get_device_name() if frontend.device.type == "cuda" else None,
         "frames": frames, "rows": rows,
@@ -92,7 +96,7 @@ def main_frontend(args: argparse.Namespace) -> int:
     else:
         cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
         sizes = [1, 8, 32, 64] if cuda else [1, 4, 16]
-    result = run(args.frontend, device, sizes, args.frames, args.warmup)
+    result = run(args.frontend, device, sizes, args.frames, args.warmup, getattr(args, "quantize", None))
     print(markdown(result))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")

@@ -48,6 +48,7 @@ class Frontend:
     lm_gen_config: dict = field(default_factory=dict)
     source: str = ""
     stt_config: dict = field(default_factory=dict)  # Kyutai STT checkpoints: audio prefix and delay
+    quantize: str | None = None  # "int8": the LM's linear layers hold int8 weights (bitsandbytes)
 
     @property
     def device(self) -> torch.device:
@@ -99,16 +100,20 @@ def load_frontend(
     hf_cache_dir: Path | None = None,
     local_files_only: bool | None = None,
     hf_endpoint: str | None = None,
+    quantize: str | None = None,
 ) -> Frontend:
     """Load the front-end named by `source`: a preset, a local directory, or a hub repo id.
 
     `local_files_only` (default: the HF_HUB_OFFLINE env var) reads the hub cache only;
     `hf_cache_dir` and `hf_endpoint` override huggingface_hub's cache folder and hub URL.
+    `quantize="int8"` (CUDA only) turns the LM's linear layers into bitsandbytes int8 ones, one
+    layer at a time on the GPU, so that the bf16 weights never all sit there at once.
     """
     dev = resolve_device(device)
     dtype = dtype or default_dtype(dev)
+    check_quantize(quantize, dev)
     if source in RANDOM_PRESETS:
-        frontend = _load_random(RANDOM_PRESETS[source], dev, dtype)
+        frontend = _load_random(RANDOM_PRESETS[source], dev, dtype)  # random weights: made on the device
     else:
         if source in DIRECTORY_PRESETS:
             layout = _read_layout_dir(DIRECTORY_PRESETS[source])
@@ -125,10 +130,50 @@ def load_frontend(
                 f"front-end source {source!r} is neither a preset ({', '.join(PRESET_NAMES)}), "
                 "an existing directory, nor a Hugging Face repo id like 'SakanaAI/kame'"
             )
-        frontend = _load_layout(layout, dev, dtype)
+        # to be quantized, the weights are read into CPU memory first, then go to the GPU layer by layer
+        frontend = _load_layout(layout, torch.device("cpu") if quantize else dev, dtype)
+    if quantize:
+        _quantize_int8(frontend, dev)
     frontend.source = source
-    logger.info("front-end %s ready on %s (%s)", source, dev, str(dtype).removeprefix("torch."))
+    logger.info("front-end %s ready on %s (%s%s)", source, dev, str(dtype).removeprefix("torch."),
+                ", int8 linear layers" if quantize else "")
     return frontend
+
+
+QUANTIZE_CHOICES = ("int8",)
+
+
+def check_quantize(quantize: str | None, device: torch.device) -> None:
+    """A clear error before anything loads: int8 needs CUDA and bitsandbytes."""
+    if quantize is None:
+        return
+    if quantize not in QUANTIZE_CHOICES:
+        raise FrontendLoadError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)} (or none), not {quantize!r}")
+    if device.type != "cuda":
+        raise FrontendLoadError(
+            f"--quantize {quantize} runs on a CUDA GPU only (bitsandbytes' int8 matmul); on {device.type} "
+            "leave it off: the weights stay in their float dtype")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as exc:
+        raise FrontendLoadError(
+            f"--quantize {quantize} needs bitsandbytes: pip install -e \".[gpu]\" (or pip install bitsandbytes)"
+        ) from exc
+
+
+def _quantize_int8(frontend: Frontend, device: torch.device) -> None:
+    """Move the LM (loaded on the CPU) to `device`, turning each nn.Linear into moshi's int8 QLinear there."""
+    from moshi.utils.quantize import QLinear
+
+    lm = frontend.lm
+    linears = [(parent, name, child) for parent in lm.modules() for name, child in parent.named_children()
+               if isinstance(child, nn.Linear)]
+    for parent, name, child in linears:  # one layer's bf16 weights on the GPU at a time
+        setattr(parent, name, QLinear(child.to(device)))
+    lm.to(device)
+    frontend.oracle_emb.to(device)
+    frontend.mimi.to(device)
+    frontend.quantize = "int8"
 
 
 def _looks_like_repo_id(source: str) -> bool:
@@ -309,6 +354,7 @@ def _check_state(model: nn.Module, state: dict[str, torch.Tensor], path: Path) -
 
 
 def _load_lm(layout: _Layout, device: torch.device, dtype: torch.dtype) -> tuple[LMModel, nn.Embedding]:
+    """The LM and its oracle embedding with their weights on `device`."""
     path = layout.moshi_weights
     lm = _new_lm(layout.lm_config, "meta", dtype, str(path))
     try:

