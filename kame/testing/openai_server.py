@@ -86,6 +86,7 @@ class ScriptedOpenAIServer:
 
         def run() -> None:
             loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)  # gather() of no pending task at the end asks for it
             self._thread_loop = loop
             loop.run_until_complete(self.start())
             ready.set()
