@@ -1,5 +1,7 @@
 """The long soak test: a real server (tiny-copy, Whisper, a faulty scripted LLM) on loopback, good
-sessions at real-time pace, garbage and churning clients, for N minutes; prints a JSON report.
+sessions at real-time pace, one more that times every frame's round trip, garbage and churning
+clients, for N minutes; prints a JSON report, exits 1 when a session lost audio, a round trip was
+over the bound of tests/test_soak.py or a slot was never freed.
 
     python scripts/soak.py --minutes 10 [--good 3] [--seed 0]
 """
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -15,11 +18,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from client.loadgen import soak
 from kame.testing.openai_server import ScriptedOpenAIServer, faulty_script
 from kame.testing.speech import speech
 from server.settings import ProfileSettings
-from tests.server_harness import rss_mb, running_server
+from tests.server_harness import (
+    ROUND_TRIP_P50_S,
+    ROUND_TRIP_P99_S,
+    round_trip_ms,
+    rss_mb,
+    running_server,
+    soak_with_probe,
+    wait_until_all_slots_free,
+)
 
 
 def main() -> int:
@@ -34,11 +44,13 @@ def main() -> int:
     profiles = {"faulty": ProfileSettings(base_url=llm.base_url, model="m", api_key_env=None,
                                           first_token_timeout_s=1.0, token_timeout_s=0.5)}
     try:
-        with running_server(asr="whisper", max_sessions=args.good + 2, llm="faulty", profiles=profiles,
+        with running_server(asr="whisper", max_sessions=args.good + 3, llm="faulty", profiles=profiles,
                             breaker_failures=50) as (url, services):
             before, started = rss_mb(), time.monotonic()
-            report = asyncio.run(soak(url + "/api/chat", voice, args.minutes * 60, good=args.good, seed=args.seed))
-            time.sleep(2)
+            report, probe = asyncio.run(soak_with_probe(url + "/api/chat", voice, args.minutes * 60, args.good,
+                                                        args.seed))
+            with contextlib.suppress(AssertionError):  # slots still taken: reported as free_slots_after
+                wait_until_all_slots_free(services)
             result = {
                 "minutes": args.minutes, "wall_s": round(time.monotonic() - started, 1),
                 "rss_before_mb": round(before), "rss_after_mb": round(rss_mb()),
@@ -47,13 +59,23 @@ def main() -> int:
                 "churn_sessions": report["churn_sessions"],
                 "good": [{"frames_sent": g.frames_sent, "real_time_ratio": round(g.real_time_ratio, 4),
                           "errors": g.errors} for g in report["good"]],
+                "probe": {"frames_sent": probe.frames_sent, "frames_received": probe.frames_received,
+                          "round_trip_ms": round_trip_ms(probe),
+                          "bound_ms": {"p50": ROUND_TRIP_P50_S * 1000, "p99": ROUND_TRIP_P99_S * 1000}},
             }
     finally:
         llm.stop_thread()
     print(json.dumps(result, indent=2))
-    ok = result["free_slots_after"] == result["slots"] and all(
-        g["real_time_ratio"] > 0.95 and not g["errors"] for g in result["good"])
-    return 0 if ok else 1
+    return 0 if passed(result) else 1
+
+
+def passed(result: dict) -> bool:
+    """What tests/test_soak.py asserts: slots freed, no audio lost, every frame back soon."""
+    probe, trips = result["probe"], result["probe"]["round_trip_ms"]
+    return (result["free_slots_after"] == result["slots"]
+            and all(g["real_time_ratio"] > 0.95 and not g["errors"] for g in result["good"])
+            and probe["frames_received"] > 0.95 * probe["frames_sent"] and trips["p99"] is not None
+            and trips["p50"] < ROUND_TRIP_P50_S * 1000 and trips["p99"] < ROUND_TRIP_P99_S * 1000)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import asyncio
 import socket
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import numpy as np
 import uvicorn
 
 from client.client import AudioMessage, EventMessage, KameClient, TextMessage
+from client.loadgen import LatencyRun, load_level, percentile_ms, soak
+from kame.audio import FRAME_S
 from server.app import DrainingServer, create_app
 from server.services import Services
 from server.settings import load_settings
@@ -77,14 +80,46 @@ async def stream_realtime(client: KameClient, pcm: np.ndarray, chunk: int = 1920
     return start, time.monotonic()
 
 
+def received_samples(got: Recording) -> int:
+    return sum(len(m.pcm) for m in got.audio)
+
+
+async def wait_until(predicate: Callable[[], object], what: str, timeout_s: float = 10.0) -> None:
+    """Return once `predicate()` is true, checking every 20 ms; fail naming `what` after `timeout_s`.
+    For a state with nothing to await (a message received, a counter reached): a loaded machine only
+    makes it wait longer."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"still waiting after {timeout_s} s for {what}")
+        await asyncio.sleep(0.02)
+
+
 def wait_until_all_slots_free(services, limit_s: float = 10.0) -> None:
     """Sessions of earlier tests on a shared server give their slots back once their planner and
     ASR stream are closed: wait for that before a test that counts slots."""
     runner, slots = services.runtime.runner, services.runtime.engine.batch_size
-    deadline = time.monotonic() + limit_s
-    while runner.free_slots < slots and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert runner.free_slots == slots, f"{slots - runner.free_slots} slots still taken after {limit_s} s"
+    asyncio.run(wait_until(lambda: runner.free_slots == slots, f"all {slots} engine slots to be free", limit_s))
+
+
+# a frame's round trip (sent by the client -> its audio back) that a working server stays under on a
+# loaded 2-core machine (seen there during the short soak: p50 60-120 ms, p99 140-760 ms); a server
+# that buffers, falls behind or blocks its event loop does not
+ROUND_TRIP_P50_S = 5 * FRAME_S
+ROUND_TRIP_P99_S = 20 * FRAME_S
+
+
+async def soak_with_probe(url: str, speech: np.ndarray, seconds: float, good: int, seed: int = 0
+                          ) -> tuple[dict, LatencyRun]:
+    """`client.loadgen.soak` plus one more real-time session that times every frame's round trip."""
+    report, probe = await asyncio.gather(soak(url, speech, seconds, good=good, seed=seed),
+                                         load_level(url, 1, seconds, seed=seed))
+    return report, probe
+
+
+def round_trip_ms(run: LatencyRun) -> dict[str, float | None]:
+    return {f"p{q}": percentile_ms(run.round_trips, q) for q in (50, 95, 99)}
 
 
 def free_port() -> int:

@@ -1,16 +1,23 @@
-"""A short soak: good sessions keep real-time audio while garbage, churn and a faulty LLM hit the server.
-The long version: scripts/soak.py --minutes N."""
+"""A short soak: good sessions keep real-time audio, each frame back within a bound, while garbage,
+churn and a faulty LLM hit the server. The long version: scripts/soak.py --minutes N."""
 
 from __future__ import annotations
 
 import asyncio
 import urllib.request
 
-from client.loadgen import soak
 from kame.testing.openai_server import ScriptedOpenAIServer, faulty_script
 from server.settings import ProfileSettings
 
-from .server_harness import rss_mb, running_server, wait_until_all_slots_free
+from .server_harness import (
+    ROUND_TRIP_P50_S,
+    ROUND_TRIP_P99_S,
+    round_trip_ms,
+    rss_mb,
+    running_server,
+    soak_with_probe,
+    wait_until_all_slots_free,
+)
 
 SECONDS = 20
 
@@ -24,7 +31,8 @@ def test_short_soak(voices):
         with running_server(asr="whisper", max_sessions=4, llm="faulty", profiles=profiles,
                             breaker_failures=50) as (url, services):
             before = rss_mb()
-            report = asyncio.run(soak(url + "/api/chat", voices["spider"], SECONDS, good=2))
+            # two good sessions: one speaks (the ASR and the faulty LLM in the loop), one times its frames
+            report, probe = asyncio.run(soak_with_probe(url + "/api/chat", voices["spider"], SECONDS, good=1))
             http = url.replace("ws://", "http://")
             healthy = urllib.request.urlopen(http + "/healthz", timeout=5).status == 200
             wait_until_all_slots_free(services)  # every slot was freed
@@ -36,6 +44,11 @@ def test_short_soak(voices):
         assert not good.errors
         assert good.real_time_ratio > 0.95  # every good session kept getting its audio back
         assert good.frames_sent >= 0.9 * SECONDS * 12.5
+    assert probe.refused == 0 and probe.frames_sent >= 0.9 * SECONDS * 12.5
+    assert probe.frames_received > 0.95 * probe.frames_sent
+    figures = round_trip_ms(probe)  # ... and soon: not buffered, not ever later
+    assert figures["p50"] < ROUND_TRIP_P50_S * 1000, figures
+    assert figures["p99"] < ROUND_TRIP_P99_S * 1000, figures
     assert report["garbage_connections"] >= 3 and report["churn_sessions"] >= 3
     assert len(llm.requests) >= 2  # the faulty LLM was really in the loop
     assert growth < 300, f"RSS grew by {growth:.0f} MB"
