@@ -14,6 +14,7 @@ from client.client import AudioMessage, ErrorMessage, EventMessage, KameClient, 
 from kame.errors import KameError
 from kame.protocol import FRAME_SIZE as FRAME
 from kame.protocol import SAMPLE_RATE as RATE
+from kame.queues import post
 
 
 def _sounddevice():
@@ -79,7 +80,7 @@ async def talk(url: str, device: str | None, backend: str | None) -> int:
     def on_audio(indata, outdata, frames, time_info, status) -> None:
         pcm = indata[:, 0].copy()
         level[0] = float(np.sqrt(np.mean(pcm ** 2)))
-        loop.call_soon_threadsafe(lambda: mic.full() or mic.put_nowait(pcm))
+        post(loop, lambda: mic.full() or mic.put_nowait(pcm))
         outdata[:, 0] = speaker.pull(frames)
 
     client = await KameClient.connect(url, events=True, backend=backend)

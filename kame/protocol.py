@@ -108,6 +108,9 @@ class LLMEvent(_Event):
     user_text: str = ""
     latency_s: float | None = None  # first token: time since the request
     answer: str = ""
+    oracle_tokens: int = 0  # with the last phase: the oracle tokens the attempt sent ...
+    took_oracle: bool = False  # ... whether it became the oracle's owner ...
+    kept_oracle: bool = False  # ... and, as owner, extended an older stream's agreeing oracle
     error_kind: str | None = None
     error: str | None = None
     retry_in_s: float | None = None

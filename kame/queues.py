@@ -43,3 +43,13 @@ class DropOldestQueue(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def post(loop: asyncio.AbstractEventLoop, fn, *args) -> bool:
+    """Run `fn(*args)` on `loop`, from any thread: the one bridge from worker threads (engine, ASR,
+    embedded LLM, audio device) to asyncio. False when the loop is closed: nobody listens any more."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        return False
+    return True

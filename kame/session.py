@@ -42,7 +42,7 @@ from kame.codec import FrameSplitter
 from kame.errors import EngineError, SessionError, SlotsBusy
 from kame.frontend.engine import FrameOutput
 from kame.frontend.oracle import OracleOp, OracleUpdate, PieceDecoder
-from kame.queues import DropOldestQueue
+from kame.queues import DropOldestQueue, post
 from kame.runtime import Runtime
 from kame.session_events import (
     AsrFailed,
@@ -298,8 +298,7 @@ class TandemSession:
     def _on_output_threadsafe(self, output: FrameOutput | BaseException) -> None:
         if self._closed:
             return  # a frame that was in the engine when the session ended
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens any more
-            self._loop.call_soon_threadsafe(self._outputs.put_nowait, output)
+        post(self._loop, self._outputs.put_nowait, output)
 
     _on_error_threadsafe = _on_output_threadsafe
 
@@ -410,6 +409,8 @@ class TandemSession:
             user_text=record.user_text if phase == "started" else "",
             latency_s=record.first_token_latency_s if phase == "first_token" else None,
             answer=record.text if phase in ("done", "cancelled", "failed") else "",
+            **({"oracle_tokens": record.tokens, "took_oracle": record.took_oracle, "kept_oracle": record.kept_oracle}
+               if phase in ("done", "cancelled", "failed") else {}),
             error_kind=record.error_kind, error=record.error,
             retry_in_s=event.retry_in_s if isinstance(event, AttemptFinished) else None))
         if (isinstance(event, AttemptFinished) and record.status == "done"

@@ -64,7 +64,10 @@ class LLMAttempt:
     trigger: str
     user_text: str = ""  # with "started"
     latency_s: float | None = None  # with "first_token": request -> first words
-    answer: str = ""  # with the last phase
+    answer: str = ""  # with the last phase, as are:
+    oracle_tokens: int = 0  # the oracle tokens it sent
+    took_oracle: bool = False  # it became the oracle's owner (the newest stream with words)
+    kept_oracle: bool = False  # as owner, it extended an older stream's agreeing oracle instead of resetting it
     error_kind: str | None = None
     error: str | None = None
     retry_in_s: float | None = None  # after a failure: when the next attempt may start

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import pytest
@@ -98,3 +99,29 @@ def test_a_bad_model_path_fails_every_request_clearly(tmp_path):
         await llm.aclose()
 
     asyncio.run(scenario())
+
+
+def test_the_profile_timeouts_hold_for_the_embedded_model_too(smol, monkeypatch):
+    """A request queued behind a long answer gets the profile's first-token timeout, not a wait."""
+    async def scenario():
+        long = smol.stream_chat(QUESTION)
+        await anext(long)  # the worker is busy with this one's remaining tokens
+        monkeypatch.setattr(smol, "options", dataclasses.replace(smol.options, first_token_timeout_s=0.001))
+        with pytest.raises(LLMError) as error:
+            await anext(smol.stream_chat(QUESTION))
+        monkeypatch.undo()
+        await long.aclose()
+        return error.value, "".join([d async for d in smol.stream_chat(QUESTION)])
+
+    error, answer = asyncio.run(scenario())
+    assert error.kind == "timeout" and "no token within 0.001 s" in str(error)
+    assert "Paris" in answer  # the model serves the next request as before
+
+
+def test_make_llm_gives_the_embedded_model_its_profiles_timeouts():
+    profile = dataclasses.replace(DEFAULT_PROFILES["embedded"], first_token_timeout_s=2.5, token_timeout_s=0.7)
+    llm = make_llm(profile)
+    try:
+        assert (llm.options.first_token_timeout_s, llm.options.token_timeout_s) == (2.5, 0.7)
+    finally:
+        asyncio.run(llm.aclose())

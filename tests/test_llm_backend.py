@@ -106,4 +106,3 @@ def test_default_profiles():
     assert DEFAULT_PROFILES["anthropic"].model == "claude-opus-4-1"
     assert DEFAULT_PROFILES["gemini"].model == "gemini-2.5-flash"
     assert DEFAULT_PROFILES["local"].api_key_env is None
-    assert DEFAULT_PROFILES["openai"].with_overrides(model="gpt-4.1-nano", base_url=None).model == "gpt-4.1-nano"

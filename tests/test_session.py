@@ -92,6 +92,9 @@ def test_a_session_hears_asks_and_speaks_the_answer(runtime):
     assert (1, "started") in phases and any(phase == "done" for _, phase in phases)
     resets = [e for e in got if isinstance(e, OracleApplied) and e.op == "reset"]
     assert resets and resets[0].accepted and words(resets[0].text) == ["paris"]  # whole words only
+    finished = [e for e in got if isinstance(e, LLMAttempt) and e.phase in ("done", "cancelled")]
+    assert any(e.took_oracle and e.oracle_tokens > 0 for e in finished)  # the owner says what it sent
+    assert all(e.oracle_tokens == 0 for e in finished if not e.took_oracle)  # only owners send
     said = "".join(e.text for e in got if isinstance(e, AssistantText))
     assert words(said)[:6] == words("Paris is the capital of France")  # tiny-copy repeats its oracle
     frames = [e.frame for e in got if isinstance(e, AssistantAudio)]

