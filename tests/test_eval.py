@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,18 +14,28 @@ from client.client import KameClient, ServerBusy, ServerRefused
 from kame.cli import main
 from kame.eval.mtbench import load_questions, parse_rating
 from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
+from kame.testing.speech import speech
 
-from .server_harness import running_server, stream_realtime
+from .conftest import words
+from .server_harness import running_server, stream_realtime, wait_until
 
-QUESTIONS = load_questions(("reasoning",), 3)
-RATINGS = {QUESTIONS[0]["question"]: "Correct and clear. Rating: [[8]]",
-           QUESTIONS[1]["question"]: "Partly right. [[6]]",
-           QUESTIONS[2]["question"]: "I cannot decide on a number."}  # never parseable: must count as missing
+QUESTIONS = load_questions(("reasoning",), 2)
+ANSWER = "Let me think"  # what the scripted LLM (conftest.scripted_answer) says to every MT-Bench question
+UNDECIDED = QUESTIONS[1]["question"]  # the judge never gives this one a number: it must count as missing
+SAID_IT, SILENT, SAID_OTHER = 8.0, 1.0, 3.0
 
 
 def judge_reply(body: dict) -> ScriptedReply:
+    """Scores the answer it is shown, not the question: the scripted LLM's answer said, silence, else."""
     prompt = body["messages"][-1]["content"]
-    return ScriptedReply(text=next(v for k, v in RATINGS.items() if k in prompt))
+    if UNDECIDED in prompt:
+        return ScriptedReply(text="I cannot decide on a number.")
+    answer = prompt.split("[The assistant's answer]\n")[1].split("\n[End of answer]")[0]
+    if answer == "(silence)":
+        score = SILENT
+    else:
+        score = SAID_IT if " ".join(words(ANSWER)) in " ".join(words(answer)) else SAID_OTHER
+    return ScriptedReply(text=f"Judged on what was said. Rating: [[{score:g}]]")
 
 
 @pytest.fixture(scope="module")
@@ -36,47 +46,88 @@ def judge():
     server.stop_thread()
 
 
+class Voiced:
+    """A conversation as if the front-end's voice said its text stream, as a trained Moshi's does;
+    tiny-copy's random Mimi makes noise, which the judge would always hear as silence."""
+
+    def __init__(self, conversation, tts_cache: Path) -> None:
+        self._conversation = conversation
+        text = conversation.assistant_text
+        self.assistant_audio = speech(text, tts_cache) if text else conversation.assistant_audio
+
+    def __getattr__(self, name: str):
+        return getattr(self._conversation, name)
+
+
+@pytest.fixture
+def voiced(monkeypatch, tmp_path_factory):
+    """`kame eval mtbench` judges the Voiced conversations of whatever source it runs."""
+    from kame.eval import harness
+
+    evaluate, cache = harness.evaluate, tmp_path_factory.getbasetemp() / "tts-answers"
+
+    async def evaluate_voiced(source, settings):
+        async def voiced_source(pcm, mode):
+            return Voiced(await source(pcm, mode), cache)
+        return await evaluate(voiced_source, settings)
+
+    monkeypatch.setattr(harness, "evaluate", evaluate_voiced)
+
+
+def recording_ended(folder: Path) -> bool:
+    """The server has written the session's last event: its recording is complete."""
+    events = folder / "events.jsonl"
+    return events.is_file() and '"type": "end"' in events.read_text()
+
+
 def test_strict_rating_parser():
     assert parse_rating("fine [[7]]") == 7 and parse_rating("[[9.5]]") == 9.5
     assert parse_rating("[[7]] or maybe [[8]]") is None and parse_rating("[[11]]") is None
     assert parse_rating("Rating: 7") is None and parse_rating("[[0]]") is None
 
 
-def test_three_question_eval_end_to_end(tandem_server, judge, tmp_path, capsys):
+def test_eval_end_to_end_scores_what_each_mode_said(tandem_server, judge, voiced, tmp_path, capsys):
     url, _ = tandem_server
     out = tmp_path / "eval"
     args = ["eval", "mtbench", "--url", url + "/api/chat", "--out", str(out), "--categories", "reasoning",
-            "--limit", "3", "--profiles", "scripted", "--delays", "1", "--fast", "--tail", "2",
+            "--limit", "2", "--profiles", "scripted", "--delays", "0,30", "--fast", "--tail", "2",
             "--judge-base-url", judge.base_url, "--judge-model", "judge", "--judge-api-key-env", "",
             "--judge-retries", "1"]
     assert main(args) == 0
     results = json.loads((out / "results.json").read_text())
-    assert len(results) == 9  # 3 questions x (front-end alone, tandem, tandem +1 s)
-    assert {r["mode"] for r in results} == {"moshi (front-end alone)", "tandem scripted", "tandem scripted +1s"}
-    by_question = {r["question"]: r["score"] for r in results if r["mode"] == "tandem scripted"}
-    assert [by_question[q["question"]] for q in QUESTIONS] == [8.0, 6.0, None]
-    broken = next(r for r in results if r["question"] == QUESTIONS[2]["question"])
-    assert len(broken["judgements"]) == 2  # asked again once, then counted as missing
+    modes = ["moshi (front-end alone)", "tandem scripted", "tandem scripted +0s", "tandem scripted +30s"]
+    assert len(results) == 8 and {r["mode"] for r in results} == set(modes)  # 2 questions x 4 modes
+    scored = {r["mode"]: r for r in results if r["question"] == QUESTIONS[0]["question"]}
+    said = {mode: r["answer_said"] for mode, r in scored.items()}
+    # the judge heard the LLM's answer only where the oracle reached the front-end in time
+    assert {mode: r["score"] for mode, r in scored.items()} == {
+        "moshi (front-end alone)": SILENT, "tandem scripted": SAID_IT, "tandem scripted +0s": SAID_IT,
+        "tandem scripted +30s": SILENT}, said
+    # the sweep: held back 30 s, past the session's end, the answer is never said
+    assert {r["delay_s"]: r["score"] for r in scored.values() if r["delay_s"] is not None} == {0: SAID_IT, 30: SILENT}
+    assert ANSWER in scored["tandem scripted +0s"]["answer_text_stream"]
+    assert not scored["tandem scripted +30s"]["answer_text_stream"] and scored["tandem scripted +30s"]["llm"]
+    undecided = [r for r in results if r["question"] == UNDECIDED]
+    assert all(r["score"] is None and len(r["judgements"]) == 2 for r in undecided)  # asked again, then missing
     baseline = [r for r in results if r["mode"] == "moshi (front-end alone)"]
-    assert all(not r["transcripts"] and not r["oracle"] for r in baseline)  # no ASR, no oracle
-    tandem = [r for r in results if r["mode"] == "tandem scripted"]
-    assert all(r["transcripts"] for r in tandem)
+    assert all(not r["transcripts"] and not r["oracle"] and not r["llm"] for r in baseline)  # no ASR, no oracle
+    assert all(r["transcripts"] for r in results if r["mode"].startswith("tandem"))
 
     report = (out / "report.md").read_text()
     rows: dict[str, str] = {}
     for line in report.splitlines():  # the score table comes first; the latency table repeats the modes
         if line.startswith("| "):
             rows.setdefault(line.split("|")[1].strip(), line)
-    for mode in ("moshi (front-end alone)", "tandem scripted", "tandem scripted +1s"):
+    for mode in modes:  # reasoning, all, missing: the first question's score; the second missing
         cells = [c.strip() for c in rows[mode].split("|")[2:-1]]
-        assert cells == ["7.0", "7.0", "1"]  # reasoning, all, missing: the judge's 8 and 6; the 3rd missing
+        assert cells == [f"{scored[mode]['score']:.1f}"] * 2 + ["1"], (mode, cells)
     assert "| KAME + gpt-4.1 (paper) | 6.43 |" in report
     assert (out / "delay_curve.png").stat().st_size > 1000 and "delay_curve.png" in report
 
     requests = len(judge.requests)
     assert main(args) == 0  # resumable: a rerun redoes nothing
     assert len(judge.requests) == requests
-    assert len(json.loads((out / "results.json").read_text())) == 9
+    assert len(json.loads((out / "results.json").read_text())) == 8
     assert re.search(r"wrote .*report.md", capsys.readouterr().out)
 
 
@@ -97,10 +148,7 @@ def test_record_then_replay_with_another_backend(scripted_llm, voices, tmp_path,
                          str(tmp_path / "a.wav"), "--fast", "--tail", "4"]) == 0
             capsys.readouterr()
             (session,) = list((tmp_path / "rec").iterdir())
-            deadline = time.monotonic() + 20
-            while '"type": "end"' not in (session / "events.jsonl").read_text():  # the session is over
-                assert time.monotonic() < deadline, "the recording was never completed"
-                time.sleep(0.1)
+            asyncio.run(wait_until(lambda: recording_ended(session), "the recording to be completed", 20))
             import sphn
 
             recorded_in, _ = sphn.read(str(session / "input.wav"))
@@ -142,7 +190,7 @@ def test_replay_in_process_answers_with_the_scripted_llm(scripted_llm, voices, t
     assert any(e["type"] == "llm" and e["phase"] == "done" and e["backend"] == "custom" for e in events)
 
 
-def test_eval_in_process_scores_with_the_judge(scripted_llm, judge, tmp_path, capsys):
+def test_eval_in_process_scores_with_the_judge(scripted_llm, judge, voiced, tmp_path, capsys):
     out = tmp_path / "eval"
     assert main(["eval", "mtbench", "--in-process", "--frontend", "tiny-copy", "--device", "cpu", "--asr", "whisper",
                  "--llm-base-url", scripted_llm.base_url, "--llm-model", "m", "--out", str(out), "--categories",
@@ -150,9 +198,9 @@ def test_eval_in_process_scores_with_the_judge(scripted_llm, judge, tmp_path, ca
                  "--judge-base-url", judge.base_url, "--judge-model", "judge", "--judge-api-key-env", ""]) == 0
     (result,) = json.loads((out / "results.json").read_text())
     assert result["mode"] == "tandem custom" and result["question"] == QUESTIONS[0]["question"]
-    assert result["score"] == 8.0
+    assert result["score"] == SAID_IT, result["answer_said"]
     assert result["transcripts"] and any(e["phase"] == "started" and e["backend"] == "custom" for e in result["llm"])
-    assert "| tandem custom | 8.0 | 8.0 | 0 |" in (out / "report.md").read_text()
+    assert f"| tandem custom | {SAID_IT} | {SAID_IT} | 0 |" in (out / "report.md").read_text()
 
 
 @pytest.mark.parametrize(("extra", "message"), [
@@ -178,10 +226,8 @@ def test_a_session_that_never_starts_leaves_no_recording(tmp_path):
             with pytest.raises(ServerRefused, match="unknown backend"):
                 await KameClient.connect(url + "/api/chat", backend="nope")
 
-        asyncio.run(scenario())
-        deadline = time.monotonic() + 10
-        while len(list(root.glob("*/events.jsonl"))) != 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5)  # a refusal's recording would be written by now
+        asyncio.run(scenario())  # the server drops a refused session's recording before it answers ...
+        asyncio.run(wait_until(lambda: any(map(recording_ended, root.iterdir())),
+                               "the held session's recording to be completed"))  # ... and then has no more to write
         folders = sorted(p.name for p in root.iterdir())
     assert len(folders) == 1, folders
