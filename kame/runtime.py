@@ -87,6 +87,10 @@ class Runtime:
         logger.info("[3/4] loading ASR %s", asr_name)
         asr = build_asr(asr_name, settings.asr_model, settings.device, max_sessions=engine.batch_size,
                         realtime=settings.asr_realtime, options=settings.asr_options.get(asr_name, {}))
+        if asr_name != "none":
+            started = time.perf_counter()
+            asr.warm_up()
+            logger.info("ASR warm (%.2f s)", time.perf_counter() - started)
         logger.info("[4/4] LLM backend profiles: %s; default %s", ", ".join(settings.profiles),
                     settings.default_profile)
         runtime = cls(settings, frontend, engine, runner, asr)

@@ -11,6 +11,9 @@ mkdir -p "$OUT"
 python3 -m venv .venv-gpu && . .venv-gpu/bin/activate
 pip install -q -e ".[gpu]" 2>&1 | tail -2
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+# the checks only a GPU can make (CUDA graphs with per-session sampling, int8 weights)
+pip install -q pytest pytest-timeout hypothesis 2>&1 | tail -1
+timeout 300 python -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/gpu-tests.txt" | tail -5 || true
 
 timeout 300 kame bench frontend --frontend moshi-7b-random --device cuda --batch-sizes 1,8,32,64 \
     --frames 50 --warmup 10 --json-out "$OUT/frontend.json" | tee "$OUT/frontend.md"
@@ -48,6 +51,7 @@ trap - EXIT
 
 {
   echo "# GPU benchmark ($(cat "$OUT/gpu.txt"))"
+  echo; echo "## GPU tests"; echo; tail -3 "$OUT/gpu-tests.txt"
   echo; echo "## Front-end engine"; echo; tail -n +1 "$OUT/frontend.md" | grep -E '^\||^front-end'
   echo; echo "## Front-end engine, int8"; echo; grep -E '^\||^front-end' "$OUT/frontend-int8.md" || true
   echo; echo "## Sessions that fit (95 % of the card)"; echo; cat "$OUT/fit.md"

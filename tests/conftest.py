@@ -79,3 +79,15 @@ def voices(tmp_path_factory):
 
     cache = tmp_path_factory.mktemp("tts")
     return {key: speech(question, cache) for key, (question, _) in QUESTIONS.items()}
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests run where CUDA is (scripts/gpu_bench.sh runs them); elsewhere they are skipped."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

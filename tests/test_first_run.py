@@ -69,3 +69,7 @@ def test_kame_serve_with_no_flags_works_offline(tmp_path):
     output = log.read_text()
     assert code == 0, output[-3000:]
     assert "untrained demo" in output and "no OPENAI_API_KEY" in output
+    # every model is warm before the port opens: the engine, the ASR, the embedded LLM
+    stages = ["engine warm", "ASR warm", "embedded LLM loaded", "ready: ws://"]
+    assert all(stage in output for stage in stages), output[:3000]
+    assert [output.index(stage) for stage in stages] == sorted(output.index(stage) for stage in stages)

@@ -34,6 +34,9 @@ class NoAsr:
     def open_stream(self) -> _SilentStream:
         return _SilentStream()
 
+    def warm_up(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

@@ -72,4 +72,7 @@ class AsrEngine(Protocol):
     def open_stream(self) -> TranscriptStream:
         """Open a stream; must be called inside a running asyncio loop."""
 
+    def warm_up(self) -> None:
+        """Pay first-call costs (kernels, allocations) before any user comes (blocking)."""
+
     def close(self) -> None: ...

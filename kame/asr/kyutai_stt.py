@@ -130,6 +130,9 @@ class KyutaiSttAsr:
     def open_stream(self) -> KyutaiSttStream:
         return KyutaiSttStream(self)
 
+    def warm_up(self) -> None:
+        self.runner.warm_up()
+
     def close(self) -> None:
         self.runner.stop()
         self.batch.close()

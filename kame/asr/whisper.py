@@ -110,6 +110,12 @@ class WhisperAsr:
     def open_stream(self) -> WhisperStream:
         return WhisperStream(self)
 
+    def warm_up(self) -> None:
+        """One VAD chunk and one decode of a second of quiet noise: the first ones cost the most."""
+        noise = (np.random.default_rng(0).standard_normal(RATE) * 0.01).astype(np.float32)
+        _StreamingVad(self.vad_session)(noise[:VAD_CHUNK])
+        self.transcribe(noise)
+
     def transcribe(self, pcm16: np.ndarray) -> str:
         segments, _ = self.model.transcribe(
             pcm16, language=self.options.language, beam_size=1, best_of=1, temperature=0.0,

@@ -1,0 +1,49 @@
+"""What only a CUDA GPU can check: moshi's CUDA graphs with per-session sampling, and int8 weights.
+
+Skipped without CUDA (conftest.py); `scripts/gpu_bench.sh` runs them (`pytest -m gpu`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kame.frontend.engine import BatchedEngine, GenerationConfig
+from kame.frontend.loader import load_frontend
+from kame.frontend.sampling import Sampling
+
+from .conftest import noise_frames
+from .test_sampling import GREEDY, SAMPLED, run, tokens
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def tiny_cuda():
+    return load_frontend("tiny", "cuda")
+
+
+def test_per_session_sampling_holds_inside_cuda_graphs(tiny_cuda, rng):
+    frames = noise_frames(rng, 16)
+    audio, reference_audio = [], []
+    cold, warm = run(tiny_cuda, SAMPLED, [Sampling(text_temperature=0.0, audio_temperature=0.0),
+                                          Sampling(text_temperature=5.0, text_topk=0, audio_temperature=5.0,
+                                                   audio_topk=0)], frames, audio_tokens=audio)
+    (reference,) = run(tiny_cuda, GREEDY, [None], frames, audio_tokens=reference_audio)
+    assert tokens(cold) == tokens(reference)
+    assert torch.equal(torch.stack(audio)[:, 0].cpu(), torch.stack(reference_audio)[:, 0].cpu())
+    assert tokens(warm) != tokens(reference)
+
+
+def test_an_int8_frontend_steps_on_cuda(rng):
+    pytest.importorskip("bitsandbytes", reason="pip install -e '.[gpu]'")
+    frontend = load_frontend("tiny", "cuda", quantize="int8")
+    assert frontend.quantize == "int8"
+    engine = BatchedEngine(frontend, batch_size=2, gen=GenerationConfig(use_sampling=False))
+    try:
+        slots = [engine.acquire(), engine.acquire()]
+        outputs = [engine.step({s: f for s in slots}) for f in noise_frames(rng, 12)]
+    finally:
+        engine.close()
+    pcm = np.stack([o.pcm for step in outputs for o in step])
+    assert np.isfinite(pcm).all() and np.abs(pcm).max() > 0
