@@ -21,7 +21,7 @@ from kame.testing.fakes import ScriptedAsr
 from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
 from server.settings import ProfileSettings
 
-from .server_harness import Recording, record, running_server, stream_realtime
+from .server_harness import Recording, received_samples, record, running_server, stream_realtime, wait_until
 
 SECOND = np.zeros(24000, np.float32)
 
@@ -41,6 +41,23 @@ async def finish(client: KameClient, task: asyncio.Task) -> None:
     await task
 
 
+async def audio_back(got: Recording, samples: int) -> None:
+    """Wait for the audio of what was sent, less the last two frames (the codecs' look-ahead, in flight)."""
+    await wait_until(lambda: received_samples(got) >= samples - 2 * 1920, f"{samples} samples of audio back")
+
+
+async def stats_where(got: Recording, predicate, what: str, timeout_s: float = 10.0):
+    """The first stats event (one a second) that satisfies `predicate`."""
+    def found():
+        return next((s for s in events_of(got, "stats") if predicate(s)), None)
+    await wait_until(found, what, timeout_s)
+    return found()
+
+
+def llm_failed(got: Recording) -> bool:
+    return any(e.phase == "failed" for e in events_of(got, "llm"))
+
+
 def test_bad_messages_get_errors_and_harm_no_one(caplog):
     with running_server(asr="none", max_sessions=4, max_message_bytes=8192) as (url, services):
         async def scenario():
@@ -54,17 +71,18 @@ def test_bad_messages_get_errors_and_harm_no_one(caplog):
                             encode(Kind.PCM, b"\x01\x02\x03"), encode(Kind.PCM, bytes(10000))):
                 await bad.send_raw(garbage)
             await bad.send_raw("a text frame")
-            await asyncio.sleep(0.3)
+            await wait_until(lambda: len(events_of(bad_got, "error")) >= 11, "an error event for each bad message")
             await stream_realtime(bad, SECOND)  # the bad client still gets served
             await streaming
-            await asyncio.sleep(0.3)
+            await audio_back(bad_got, 24000)
+            await audio_back(good_got, 3 * 24000)
             await finish(bad, bad_task)
             await finish(good, good_task)
             return bad_got, good_got
 
         bad_got, good_got = asyncio.run(scenario())
         errors = [e.message for e in events_of(bad_got, "error")]
-        assert len(errors) == 11, errors
+        assert len(errors) == 11, errors  # and no more came while it went on
         for expected in ("empty message", "unknown message kind 42", "may not send message kind 3",
                          "not JSON", "unknown backend profile 'nope'", "bad control message", "corrupt Ogg/Opus",
                          "even number of bytes", "exceeds 8192", "text frames"):
@@ -80,18 +98,21 @@ def test_audio_faster_than_real_time_is_bounded(tiny_copy):
     with running_server(asr="none", max_sessions=2, max_pending_frames=10) as (url, services):
         async def scenario():
             client, got, task = await open_recording(url)
-            await client.send_pcm(np.zeros(24000 * 10, np.float32))  # 10 s at once
-            await asyncio.sleep(2.5)
-            await stream_realtime(client, SECOND)
-            await asyncio.sleep(1.3)  # a stats event (one a second) after the last frame came back
+            await client.send_pcm(np.zeros(24000 * 10, np.float32))  # 10 s at once: 125 frames
+            burst = await stats_where(got, lambda s: s.frames_in == 125 and s.frames_out + s.frames_dropped == 125,
+                                      "the burst to be stepped or dropped")
+            await stream_realtime(client, SECOND)  # then 12.5 frames at real-time pace
+            after = await stats_where(got, lambda s: s.frames_in >= burst.frames_in + 12,
+                                      "the real-time second to reach the session")
             await finish(client, task)
-            return got
+            return burst, after
 
-        got = asyncio.run(scenario())
-        stats = events_of(got, "stats")
-        assert stats[-1].frames_dropped > 0  # the oldest frames beyond the bound were dropped ...
-        assert stats[-1].frames_out >= 12  # ... and the session went on
-        assert services.metrics.frames_dropped.labels("in")._value.get() > 0
+        burst, after = asyncio.run(scenario())
+        assert burst.frames_dropped > 0  # the oldest frames beyond the bound were dropped ...
+        assert burst.frames_out <= 10 and services.metrics.frames_dropped.labels("in")._value.get() > 0
+        fed = after.frames_in - burst.frames_in
+        assert after.frames_out - burst.frames_out >= fed - 1  # ... and the session went on, a frame out per
+        assert after.frames_dropped == burst.frames_dropped  # frame in (the last may be in flight), none dropped
 
 
 def test_flood_of_tiny_messages_is_cut_off():
@@ -102,7 +123,7 @@ def test_flood_of_tiny_messages_is_cut_off():
             while time.monotonic() - started < 9 and client.close_code is None:
                 for _ in range(20):
                     await client.send_raw(encode(Kind.PING))
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # the flood's pace: 400 messages/s, over the limit of 50
             await task
             return got, client.close_code
 
@@ -189,7 +210,8 @@ def test_llm_faults_degrade_to_plain_moshi_and_open_the_circuit(caplog):
                 for _ in range(2):  # two sessions: the circuit is per profile, shared
                     client, got, task = await open_recording(url)
                     await stream_realtime(client, np.zeros(24000 * 3, np.float32))
-                    await asyncio.sleep(0.3)
+                    await wait_until(lambda got=got: llm_failed(got), "a failed LLM attempt")
+                    await audio_back(got, 3 * 24000)
                     await finish(client, task)
                     results.append(got)
                 return results
@@ -213,7 +235,8 @@ def test_asr_failure_and_stall_leave_the_session_running():
             async def scenario():
                 client, got, task = await open_recording(url)
                 await stream_realtime(client, np.zeros(24000 * 3, np.float32))
-                await asyncio.sleep(0.3)
+                await wait_until(lambda: events_of(got, "asr"), "an asr event")
+                await audio_back(got, 3 * 24000)
                 await finish(client, task)
                 return got
 
@@ -243,7 +266,7 @@ def test_engine_failure_ends_the_session_with_an_error_and_the_engine_goes_on(mo
             await task
             after, after_got, after_task = await open_recording(url)
             await stream_realtime(after, SECOND)
-            await asyncio.sleep(0.3)
+            await audio_back(after_got, 24000)
             await finish(after, after_task)
             return got, client.close_code, after_got
 
@@ -285,7 +308,7 @@ def test_secrets_never_leak(caplog, monkeypatch, capfd):
                 got = Recording()
                 task = asyncio.create_task(record(client, got))
                 await stream_realtime(client, SECOND)
-                await asyncio.sleep(0.5)
+                await wait_until(lambda: llm_failed(got), "the LLM attempt with the bad key to fail")
                 await finish(client, task)
                 return got
 
