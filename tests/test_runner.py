@@ -17,6 +17,7 @@ from kame.frontend.oracle import OracleUpdate
 from kame.frontend.runner import EngineRunner, _Stamped
 
 from .conftest import noise_frames
+from .server_harness import wait_until
 from .test_engine import assert_same, run_alone
 
 GREEDY = GenerationConfig(use_sampling=False)
@@ -48,7 +49,7 @@ def test_two_async_sessions_are_stepped_together(tiny, rng, clock):
             got_b.append(await asyncio.wait_for(qb.get(), 10))
         a.release()
         b.release()
-        await asyncio.sleep(0.05)
+        await asyncio.wrap_future(runner._call(lambda: None))  # the releases are done
         return got_a, got_b
 
     try:
@@ -104,8 +105,7 @@ def test_bad_frames_are_refused_at_the_door_and_failures_are_contained(tiny, rng
             monkeypatch.setattr(engine, "step", flaky)
             for frame in noise_frames(rng, 2):
                 handle.push_frame(frame)
-            deadline = asyncio.run(_wait_for(lambda: len(outputs) >= 1))
-            assert deadline
+            asyncio.run(wait_until(lambda: len(outputs) >= 1, "the frame after the failed step"))
             handle.release()
     finally:
         engine.close()
@@ -125,16 +125,6 @@ def test_pending_frames_are_bounded(tiny):
         assert len(runner._inboxes[handle.slot].frames) == 3
     finally:
         engine.close()
-
-
-async def _wait_for(predicate, limit_s: float = 10.0) -> bool:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + limit_s
-    while loop.time() < end:
-        if predicate():
-            return True
-        await asyncio.sleep(0.01)
-    return False
 
 
 def test_stopped_runner_refuses_work(tiny):
@@ -183,7 +173,7 @@ def test_a_released_handle_cannot_reach_the_next_occupant(tiny, rng):
             assert runner.free_slots == 0
             for frame in frames:
                 new.push_frame(frame)
-            assert asyncio.run(_wait_for(lambda: len(new_outputs) == len(frames)))
+            asyncio.run(wait_until(lambda: len(new_outputs) == len(frames), "the new occupant's frames"))
             new.release()
     finally:
         engine.close()
@@ -213,7 +203,7 @@ def test_an_update_racing_a_release_is_never_applied_to_the_next_occupant(tiny, 
                 inbox.frames.append(_Stamped(old.generation, ZERO))
                 for frame in noise_frames(rng, 3):
                     new.push_frame(frame)
-            assert asyncio.run(_wait_for(lambda: len(new_outputs) == 3))
+            asyncio.run(wait_until(lambda: len(new_outputs) == 3, "the new occupant's 3 frames"))
             assert runner.stats.stale_dropped == 4  # dropped on the engine thread when the batch was taken
             assert runner.stats.frames_stepped == 3
     finally:
@@ -228,7 +218,7 @@ def test_an_acquisition_given_up_by_its_caller_gives_the_slot_back(tiny):
 
     async def give_up(runner: EngineRunner) -> None:
         waiting = asyncio.ensure_future(runner.acquire_async(lambda out: None))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)  # one turn of the loop: the acquisition is queued for the busy engine thread
         waiting.cancel()  # the client went away while the engine thread was busy
         with contextlib.suppress(asyncio.CancelledError):
             await waiting
@@ -255,7 +245,8 @@ async def _realtime_sessions(runner: EngineRunner, count: int, spread_s: float, 
                              frame_s: float = 0.08) -> tuple[int, int, list[int]]:
     """`count` sessions pushing a zero frame every `frame_s` on an absolute schedule, `spread_s` apart.
 
-    Returns the steps and stepped frames the runner made for them, and each session's output count.
+    Returns the steps and stepped frames the runner made for them, and each session's output count,
+    once every session has all its frames back but the last.
     """
     loop = asyncio.get_running_loop()
     received = [0] * count
@@ -272,13 +263,13 @@ async def _realtime_sessions(runner: EngineRunner, count: int, spread_s: float, 
 
     async def session(index: int) -> None:
         for k in range(frames):
-            await asyncio.sleep(max(0.0, start + index * spread_s + k * frame_s - loop.time()))
+            await asyncio.sleep(max(0.0, start + index * spread_s + k * frame_s - loop.time()))  # real time
             handles[index].push_frame(ZERO)
 
     async with asyncio.TaskGroup() as group:
         for index in range(count):
             group.create_task(session(index), name=f"session-{index}")
-    await _wait_for(lambda: sum(received) >= count * frames, limit_s=2.0)
+    await wait_until(lambda: all(n >= frames - 1 for n in received), "every frame back (the last may be late)")
     for handle in handles:
         assert handle.dropped_frames == 0
         handle.release()
@@ -298,13 +289,11 @@ def test_the_tick_clock_steps_out_of_phase_sessions_together(tiny):
                 results[clock] = asyncio.run(_realtime_sessions(runner, sessions, 0.01, seconds, frame_s))
     finally:
         engine.close()
-    steps, stepped, received = results["tick"]
+    steps, stepped, _ = results["tick"]  # every frame came back, but maybe the last (_realtime_sessions)
     assert steps / (frames * frame_s) < 14  # ~12.5 per second of audio: one step per frame for all eight
     assert stepped / steps >= 7
-    assert all(count >= frames - 1 for count in received)  # every frame comes back (the last may be late)
-    eager_steps, eager_stepped, eager_received = results["eager"]
+    eager_steps, _, _ = results["eager"]
     assert eager_steps > 1.3 * steps  # arrival-driven: out-of-phase sessions get separate steps
-    assert all(count >= frames - 1 for count in eager_received)
 
 
 def test_the_tick_clock_sleeps_while_idle_and_steps_at_once_when_work_arrives(tiny):
@@ -323,14 +312,15 @@ def test_the_tick_clock_sleeps_while_idle_and_steps_at_once_when_work_arrives(ti
         with runner:
             handle = runner.acquire(lambda out: arrivals.append(time.monotonic()))
             handle.push_frame(ZERO)
-            assert asyncio.run(_wait_for(lambda: len(arrivals) == 1))
+            asyncio.run(wait_until(lambda: len(arrivals) == 1, "the first frame"))
+            # the sleeps are the test: the engine idles while no frame comes, and must not wake up
             time.sleep(0.15)  # past the next tick: the engine thread is in its idle wait
             waits.clear()
             time.sleep(0.5)  # idle for over 6 ticks (ending ~15 ms past a point of the old grid)
             idle_waits = len(waits)
             pushed = time.monotonic()
             handle.push_frame(ZERO)
-            assert asyncio.run(_wait_for(lambda: len(arrivals) == 2))
+            asyncio.run(wait_until(lambda: len(arrivals) == 2, "the frame after the idle time"))
             handle.release()
     finally:
         engine.close()
@@ -358,12 +348,12 @@ def test_a_backlog_skips_to_live_on_the_tick_clock_only(tiny, monkeypatch, clock
                     handle.push_frame(np.full(FRAME_SIZE, index / 100, dtype=np.float32))
                 pushed = time.monotonic()
             expected = 3 if clock == "tick" else 20
-            assert asyncio.run(_wait_for(lambda: len(arrivals) == expected))
-            time.sleep(0.2)
+            asyncio.run(wait_until(lambda: len(arrivals) == expected, f"{expected} frames of the backlog"))
+            time.sleep(0.2)  # the test: the backlog is over and the engine idles; then a frame comes live
             skipped = runner.stats.skipped_frames
             late = time.monotonic()
             handle.push_frame(np.full(FRAME_SIZE, 0.5, dtype=np.float32))  # live again: stepped at once
-            assert asyncio.run(_wait_for(lambda: len(arrivals) == expected + 1))
+            asyncio.run(wait_until(lambda: len(arrivals) == expected + 1, "the live frame"))
             handle.release()
     finally:
         engine.close()
@@ -395,11 +385,12 @@ def test_an_overloaded_engine_skips_missed_ticks_instead_of_catching_up(tiny, mo
         loop = asyncio.get_running_loop()
         start = loop.time()
         for k in range(frames):
-            await asyncio.sleep(max(0.0, start + k * frame_s - loop.time()))
+            await asyncio.sleep(max(0.0, start + k * frame_s - loop.time()))  # real time
             if k == 5:
                 stall["steps"] = 3
             handle.push_frame(ZERO)
-        await asyncio.sleep(0.3)
+        await wait_until(lambda: runner.stats.frames_stepped + handle.dropped_frames >= frames,
+                         "every frame stepped or skipped")
 
     caplog.set_level(logging.WARNING, logger="kame.frontend.runner")
     try:
