@@ -248,6 +248,28 @@ class TandemSession:
         if self._asr_ok:
             await self._asr.flush()
 
+    def add_user_text(self, text: str) -> None:
+        """A user message typed rather than spoken: the LLM sees it, and answers it through the
+        oracle, as if it had been said now."""
+        if self._closed:
+            raise SessionError("the session is closed")
+        text = " ".join(str(text).split())
+        if not text:
+            raise SessionError("an empty user message")
+        audio_s = self._samples_in / SAMPLE_RATE
+        self._answer_after_epoch = self.planner.epoch
+        self.planner.on_transcript(FinalTranscript(text, audio_s, audio_s))
+
+    def truncate_assistant(self, said: str, heard: str) -> bool:
+        """Only `heard` of the assistant's words `said` reached the user: the history keeps that."""
+        return self.planner.truncate_assistant(said, heard)
+
+    def set_oracle_delay(self, seconds: float) -> None:
+        """Hold oracle updates back this long from now on (latency experiments)."""
+        if not 0 <= seconds <= 30:
+            raise SessionError("the oracle delay must be between 0 and 30 seconds")
+        self.config = dataclasses.replace(self.config, oracle_delay_s=float(seconds))
+
     def configure(self, backend: str | None = None, system_prompt: str | None = None) -> BackendChanged:
         """Switch the LLM backend profile and/or the system prompt; the front-end is untouched."""
         profiles = self.runtime.profiles

@@ -219,6 +219,25 @@ class Planner:
         """What the front-end actually said (its text stream), to keep the conversation true."""
         self._conv.assistant_said += text
 
+    def truncate_assistant(self, said: str, heard: str) -> bool:
+        """The user heard only `heard` of the assistant's words `said` (a barge-in cut the playback
+        short): the conversation the LLM sees keeps what was heard. False when `said` is not in the
+        recent history."""
+        said, heard = said.strip(), heard.strip()
+        if not said:
+            return False
+        if said in self._conv.assistant_said:
+            head, _, tail = self._conv.assistant_said.rpartition(said)
+            self._conv.assistant_said = head + heard + tail
+            return True
+        for index in range(len(self._conv.turns) - 1, -1, -1):
+            role, text = self._conv.turns[index]
+            if role == "assistant" and said in text:
+                head, _, tail = text.rpartition(said)
+                self._conv.turns[index] = ("assistant", (head + heard + tail).strip())
+                return True
+        return False
+
     def set_llm(self, llm: LLMClient) -> None:
         """Hot-swap the backend: the next attempt uses it; the front-end is untouched."""
         old, self.llm = self.llm.name, llm
