@@ -1,10 +1,11 @@
-"""The FastAPI application: /api/chat (websocket), /healthz, /metrics, and the browser page at /."""
+"""The FastAPI application: /api/chat and /v1/realtime (websockets), /healthz, /metrics, and the browser page at /."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import re
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -18,9 +19,11 @@ from kame.errors import EngineError, SessionError
 from kame.protocol import ProtocolError
 from server.access import AccessControl, Refusal
 from server.codec_thread import CodecThread
+from server.realtime import RealtimeSession
 from server.services import Services
 from server.session import Session, SessionOptions
 from server.settings import ServerSettings
+from server.transport import SocketSession
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +85,8 @@ def create_app(settings: ServerSettings, services: Services | None = None) -> Fa
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.services = services or await asyncio.to_thread(Services.start, settings)
-        logger.info("ready: ws://%s:%d/api/chat", settings.host, settings.port)
+        logger.info("ready: ws://%s:%d/api/chat and ws://%s:%d/v1/realtime", settings.host, settings.port,
+                    settings.host, settings.port)
         try:
             yield
         finally:
@@ -123,7 +127,16 @@ def create_app(settings: ServerSettings, services: Services | None = None) -> Fa
 
     @app.websocket("/api/chat")
     async def chat(ws: WebSocket) -> None:
-        await run_session(ws, app.state.services, access, app.state.sessions, codec, app.state.draining)
+        services = app.state.services
+        await run_session(ws, services, access, app.state.sessions, app.state.draining,
+                          lambda: Session(ws, services, SessionOptions.from_query(ws.query_params), codec))
+
+    @app.websocket("/v1/realtime")
+    async def realtime(ws: WebSocket) -> None:
+        services = app.state.services
+        beta = "realtime=v1" in ws.headers.get("openai-beta", "")
+        await run_session(ws, services, access, app.state.sessions, app.state.draining,
+                          lambda: RealtimeSession(ws, services, ws.query_params.get("model", ""), beta))
 
     if (WEB_ROOT / "index.html").is_file():  # the browser page, after the routes above
         app.mount("/", StaticFiles(directory=WEB_ROOT, html=True), name="web")
@@ -148,21 +161,22 @@ async def _refuse(ws: WebSocket, services: Services, refusal: Refusal) -> None:
         await ws.close(refusal.close_code, refusal.reason[:120])
 
 
-async def run_session(ws: WebSocket, services: Services, access: AccessControl, sessions: set,
-                      codec: CodecThread, draining: bool = False) -> None:
+async def run_session(ws: WebSocket, services: Services, access: AccessControl, sessions: set, draining: bool,
+                      make: Callable[[], SocketSession]) -> None:
+    """One connection, whatever its transport (`make` builds the transport's session)."""
     refusal = Refusal(503, 1001, "the server is shutting down") if draining else access.admit(ws)
     if refusal is not None:
         await _refuse(ws, services, refusal)
         return
     try:
-        await _serve(ws, services, sessions, codec)
+        await _serve(ws, services, sessions, make)
     finally:
         access.leave(ws)
 
 
-async def _serve(ws: WebSocket, services: Services, sessions: set, codec: CodecThread) -> None:
+async def _serve(ws: WebSocket, services: Services, sessions: set, make: Callable[[], SocketSession]) -> None:
     try:
-        session = Session(ws, services, SessionOptions.from_query(ws.query_params), codec)
+        session = make()
         tandem = await session.open()
     except (ProtocolError, SessionError) as exc:
         await ws.accept()

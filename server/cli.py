@@ -56,7 +56,9 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         config = uvicorn.Config(create_app(settings, services), host=settings.host, port=settings.port,
                                 log_level="info", ws="websockets", lifespan="on",
-                                ws_max_size=settings.max_message_bytes + 1024)
+                                # Realtime events carry audio as base64 (4/3 the bytes); a frame up
+                                # to 4x that gets a clear error event, beyond it the socket closes
+                                ws_max_size=4 * (settings.max_message_bytes * 4 // 3 + 4096))
         server = DrainingServer(config)
         # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal: let both end
         # here as a KeyboardInterrupt, so that the models are released and the exit code is 0

@@ -69,6 +69,16 @@ class WhisperSettings(BaseModel):
     max_utterance_s: float = Field(20.0, gt=1, le=30)  # an utterance is finalised at this length
 
 
+class RealtimeSettings(BaseModel):
+    """[realtime]: how /v1/realtime maps the front-end's continuous speech onto responses (docs/realtime.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+    quiet_s: float = Field(0.6, ge=0.16, le=5)  # a response closes after this long without speech
+    activity: Literal["text", "text+audio"] = "text"  # what counts as speech: text tokens, or also audio energy
+    energy_dbfs: float = Field(-40.0, ge=-90, le=0)  # with "text+audio": frame level that counts as speech
+    response_timeout_s: float = Field(5.0, gt=0, le=60)  # a response.create the model does not answer: done empty
+
+
 class KyutaiSttSettings(BaseModel):
     """[kyutai_stt]: Kyutai's STT (kame.asr.kyutai_stt.SttOptions)."""
 
@@ -97,6 +107,7 @@ class ServerSettings(BaseSettings):
     planner: PlannerSettings = Field(default_factory=PlannerSettings)
     whisper: WhisperSettings = Field(default_factory=WhisperSettings)
     kyutai_stt: KyutaiSttSettings = Field(default_factory=KyutaiSttSettings)
+    realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
     engine_clock: Literal["tick", "eager"] = "tick"  # tick: one batched step per 80 ms frame for every session
     jitter_frames: int = Field(3, ge=0)  # input frames a session may queue before it skips to live (tick)
     batch_window_ms: float = Field(20.0, ge=0, le=80)  # eager clock: how long a ready session waits for the others
