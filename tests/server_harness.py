@@ -104,7 +104,7 @@ def wait_until_all_slots_free(services, limit_s: float = 10.0) -> None:
 
 
 # a frame's round trip (sent by the client -> its audio back) that a working server stays under on a
-# loaded 2-core machine (seen there during the short soak: p50 60-120 ms, p99 140-760 ms); a server
+# loaded 2-core machine (seen there in the short soak: p50 40-190 ms, p99 140-760 ms); a server
 # that buffers, falls behind or blocks its event loop does not
 ROUND_TRIP_P50_S = 5 * FRAME_S
 ROUND_TRIP_P99_S = 20 * FRAME_S
