@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from starlette.websockets import WebSocket
 
-from kame.audio import FRAME_S, SAMPLE_RATE
+from kame.audio import FRAME_S, FRAME_SIZE, SAMPLE_RATE
 from kame.codec import pcm16_decode, pcm16_encode
 from kame.errors import SessionError
 from kame.protocol import ProtocolError, wire_event
@@ -141,6 +141,17 @@ class _Response:
 
 
 @dataclass
+class _Burst:
+    """Speech the model gave while no response was asked for (turn_detection null or create_response
+    false), kept so that a response.create during it, or soon after, releases it."""
+
+    first_frame: int
+    frames: list[np.ndarray] = field(default_factory=list)
+    pieces: list[tuple[int, str]] = field(default_factory=list)  # (frame, text)
+    ended_at: float | None = None  # wall time it went quiet; None: the model is still speaking
+
+
+@dataclass
 class _UserItem:
     id: str
     start_ms: int
@@ -170,10 +181,12 @@ class RealtimeSession(SocketSession):
         self._response: _Response | None = None
         self._pending: _Response | None = None  # a response.create waiting for the model to speak
         self._muted = False  # a burst nobody asked for (no auto response) or cancelled: not sent
+        self._kept: _Burst | None = None  # a burst nobody asked for, kept for a response.create
+        self._last_append = time.monotonic()
         self._last_active: float = 0.0  # wall time of the last speech of the current burst
         self._last_frame = 0
         self._user: _UserItem | None = None
-        self._held: list[Transcript] = []  # finals the client has not committed yet (turn_detection null)
+        self._uncommitted: list[Transcript] = []  # finals the client has not committed yet (turn_detection null)
         self._items: dict[str, dict] = {}
         self._last_item_id: str | None = None
         self._event_count = 0
@@ -291,13 +304,23 @@ class RealtimeSession(SocketSession):
         if self.config.input_format.type == "audio/pcm" and len(data) % 2:
             raise RealtimeError("invalid_audio", "audio/pcm is 16-bit: an even number of bytes", "audio")
         tandem.push_pcm(self._decode(data))
+        self._last_append = time.monotonic()
+
+    async def _silence(self, tandem: TandemSession) -> None:
+        """The front-end speaks in step with the audio it hears: while the client sends none (it
+        waits for an answer, or sends audio only while its user talks), feed it silence in real time."""
+        silence = np.zeros(FRAME_SIZE, dtype=np.float32)
+        while True:
+            await asyncio.sleep(FRAME_S)
+            if time.monotonic() - self._last_append >= 2 * FRAME_S:
+                tandem.push_pcm(silence)
 
     async def _commit(self, event: dict, tandem: TandemSession) -> None:
         if self.config.turn_detection is not None:
             raise RealtimeError("invalid_request", "with server_vad the server commits the audio itself; "
                                 "set audio.input.turn_detection to null to commit by hand")
-        if self._held:
-            self._release_held()
+        if self._uncommitted:
+            self._commit_uncommitted()
         elif self._user is not None:
             self._user.committed = True  # committed when its final comes, which flushing brings
             await tandem.flush()
@@ -306,7 +329,7 @@ class RealtimeSession(SocketSession):
 
     async def _clear(self, event: dict, tandem: TandemSession) -> None:
         # the full-duplex front-end has heard it already; what is dropped is the pending user item
-        self._held.clear()
+        self._uncommitted.clear()
         self._user = None
         self._emit("input_audio_buffer.cleared")
 
@@ -457,7 +480,27 @@ class RealtimeSession(SocketSession):
         if self._response is not None or self._pending is not None:
             raise RealtimeError("conversation_already_has_active_response",
                                 "a response is in progress: cancel it or wait for response.done")
-        self._pending = self._new_response(requested=True)
+        response = self._new_response(requested=True)
+        kept, self._kept = self._kept, None
+        if kept is None or (kept.ended_at is not None
+                            and time.monotonic() - kept.ended_at > self.options.response_timeout_s):
+            self._pending = response  # the model's next burst answers it
+            return
+        # the model has spoken (or is speaking) by itself: what it said is this response, sent now
+        self._start_content(response, kept.first_frame)
+        pieces = iter(kept.pieces)
+        piece = next(pieces, None)
+        for index, pcm in enumerate(kept.frames):
+            while piece is not None and piece[0] <= kept.first_frame + index:
+                self._send_text(response, *piece)
+                piece = next(pieces, None)
+            self._send_audio(response, pcm)
+        for rest in ([piece] if piece else []) + list(pieces):
+            self._send_text(response, *rest)
+        if kept.ended_at is None:
+            self._response, self._muted = response, False  # the rest streams live
+        else:
+            self._close_response(response, "completed")
 
     async def _response_cancel(self, event: dict, tandem: TandemSession) -> None:
         response = self._response or self._pending
@@ -493,28 +536,36 @@ class RealtimeSession(SocketSession):
 
     def _on_audio(self, event: AssistantAudio) -> None:
         self._last_frame = event.frame
-        if self.options.activity == "text+audio" and event.audio_ready and (
+        if self.options.activity == "text+audio" and event.ready and (
                 float(np.sqrt(np.mean(event.pcm ** 2))) >= self._energy):
             self._speech(event.frame)
-        response = self._response
-        if response is not None and response.started and "audio" in self.config.output_modalities:
-            self._emit("response.output_audio.delta", droppable=True, response_id=response.id,
-                       item_id=response.item_id, output_index=0, content_index=0,
-                       delta=base64.b64encode(self._encode(event.pcm)).decode())
-            response.audio_ms += FRAME_S * 1000
+        if self._response is not None and self._response.started:
+            self._send_audio(self._response, event.pcm)
+        elif self._muted and self._kept is not None and self._kept.ended_at is None:
+            self._kept.frames.append(event.pcm)
         self._check_quiet()
 
     def _on_text(self, event: AssistantText) -> None:
         self._speech(event.frame)
-        response = self._response
-        if response is None or not response.started:
-            return
-        offset = (event.frame - (response.first_frame or event.frame)) * FRAME_S * 1000
-        response.pieces.append((offset, event.text))
+        if self._response is not None and self._response.started:
+            self._send_text(self._response, event.frame, event.text)
+        elif self._muted and self._kept is not None and self._kept.ended_at is None:
+            self._kept.pieces.append((event.frame, event.text))
+
+    def _send_audio(self, response: _Response, pcm: np.ndarray) -> None:
+        if "audio" in self.config.output_modalities:
+            self._emit("response.output_audio.delta", droppable=True, response_id=response.id,
+                       item_id=response.item_id, output_index=0, content_index=0,
+                       delta=base64.b64encode(self._encode(pcm)).decode())
+        response.audio_ms += FRAME_S * 1000
+
+    def _send_text(self, response: _Response, frame: int, text: str) -> None:
+        offset = (frame - (response.first_frame if response.first_frame is not None else frame)) * FRAME_S * 1000
+        response.pieces.append((offset, text))
         kind = "response.output_audio_transcript.delta" if "audio" in self.config.output_modalities \
             else "response.output_text.delta"
         self._emit(kind, response_id=response.id, item_id=response.item_id, output_index=0, content_index=0,
-                   delta=event.text)
+                   delta=text)
 
     def _speech(self, frame: int) -> None:
         """The front-end speaks at `frame`: a burst goes on, or a new one starts."""
@@ -526,7 +577,8 @@ class RealtimeSession(SocketSession):
         elif self.config.auto_respond:
             response = self._new_response(requested=False)
         else:
-            self._muted = True  # nobody asked for this burst: it is not sent
+            self._muted = True  # nobody asked for this burst: kept, not sent
+            self._kept = _Burst(frame)
             return
         self._response = response
         self._start_content(response, frame)
@@ -544,6 +596,8 @@ class RealtimeSession(SocketSession):
             else:
                 self._close_response(response, "completed")
         self._muted = False
+        if self._kept is not None and self._kept.ended_at is None:
+            self._kept.ended_at = now
         pending = self._pending
         if pending is not None and now - pending.created_at >= self.options.response_timeout_s:
             self._close_response(pending, "completed")
@@ -555,7 +609,7 @@ class RealtimeSession(SocketSession):
             self._check_quiet()
 
     def _extra_tasks(self, tandem: TandemSession) -> list:
-        return [self._quiet_timer()]
+        return [self._quiet_timer(), self._silence(tandem)]
 
     # ---------------------------------------------------------------- responses
 
@@ -644,11 +698,11 @@ class RealtimeSession(SocketSession):
         elif user.committed:
             self._commit_item(user, [event])
         else:
-            self._held.append(event)  # the client commits by hand (input_audio_buffer.commit)
+            self._uncommitted.append(event)  # the client commits by hand (input_audio_buffer.commit)
 
-    def _release_held(self) -> None:
-        held, self._held = self._held, []
-        self._commit_item(_UserItem(_id("item"), int(held[0].start_s * 1000)), held)
+    def _commit_uncommitted(self) -> None:
+        finals, self._uncommitted = self._uncommitted, []
+        self._commit_item(_UserItem(_id("item"), int(finals[0].start_s * 1000)), finals)
 
     def _commit_item(self, user: _UserItem, finals: list[Transcript]) -> None:
         transcript = " ".join(f.text for f in finals).strip()

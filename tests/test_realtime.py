@@ -253,3 +253,35 @@ def test_a_full_server_and_a_wrong_token_are_refused_clearly():
         assert first["type"] == "session.created"
         assert busy.response.status_code == 503 and b"busy" in busy.response.body
         assert wrong.response.status_code == 401
+
+
+def test_a_typed_question_is_answered_and_a_truncated_answer_is_what_the_llm_remembers(tandem_server, scripted_llm):
+    """No audio from the client at all: the server feeds the front-end silence while it waits."""
+    url, services = tandem_server
+
+    async def go():
+        async with sdk(url).realtime.connect(model="kame") as conn:
+            events = Events(conn)
+            await events.type("session.created")
+            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "What is the capital of France?"}]})
+            added = await events.type("conversation.item.added")
+            done = await events.wait_for(answered(events), 25, "a response speaking the answer")
+            item = done["response"]["output"][0]
+            await conn.conversation.item.truncate(item_id=item["id"], content_index=0, audio_end_ms=0)
+            truncated = await events.type("conversation.item.truncated")
+            asked = len(scripted_llm.requests)
+            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "Thank you."}]})
+            await events.wait_for(lambda e: len(scripted_llm.requests) > asked, 10, "the next LLM request")
+            events.close()
+            return added, item, truncated, scripted_llm.requests[asked]
+
+    added, item, truncated, request = asyncio.run(go())
+    assert added["item"]["role"] == "user" and added["item"]["content"][0]["text"] == "What is the capital of France?"
+    assert truncated["item_id"] == item["id"] and truncated["audio_end_ms"] == 0
+    transcript = request["messages"][-1]["content"]
+    assert "user: What is the capital of France?" in transcript and "user: Thank you." in transcript
+    said = item["content"][0]["transcript"]
+    assert said and said not in transcript  # cut at 0 ms: the LLM is not told it was said
+    wait_until_all_slots_free(services)

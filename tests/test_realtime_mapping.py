@@ -1,0 +1,216 @@
+"""The Realtime mapping of continuous speech onto responses, event by event on a fake clock:
+bursts, quiet, barge-in, cancel, push-to-talk (turn_detection null), and the beta names."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from kame.session_events import AssistantAudio, AssistantText, Transcript
+from server import realtime
+from server.realtime import RealtimeError, RealtimeSession
+from server.settings import ServerSettings
+
+NOISE = np.full(1920, 0.1, np.float32)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Tandem:
+    """What the mapping calls on the session: recorded."""
+
+    backend = "scripted"
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def truncate_assistant(self, said, heard):
+        self.calls.append(("truncate", said, heard))
+        return True
+
+    async def flush(self):
+        self.calls.append(("flush",))
+
+
+class Rig:
+    def __init__(self, beta: bool = False) -> None:
+        services = SimpleNamespace(
+            settings=ServerSettings(), metrics=None,
+            runtime=SimpleNamespace(asr=SimpleNamespace(name="whisper"), profiles={"scripted": None},
+                                    frontend=SimpleNamespace(source="tiny-copy")))
+        self.session = RealtimeSession(None, services, "kame", beta)
+        self.tandem = Tandem()
+        self.frame = 0
+
+    def events(self) -> list[dict]:
+        out = []
+        while len(self.session._send):
+            out.append(json.loads(self.session._send.get_nowait()))
+        return out
+
+    def step(self, clock: Clock, text: str | None = None, frames: int = 1) -> None:
+        """`frames` output frames of the front-end, the first with `text`."""
+        for index in range(frames):
+            clock.now += 0.08
+            self.session._on_audio(AssistantAudio(self.frame, NOISE, True, 0.01))
+            if text and index == 0:
+                self.session._on_text(AssistantText(self.frame, text))
+            self.frame += 1
+
+    def quiet(self, clock: Clock, seconds: float = 1.0) -> None:
+        self.step(clock, frames=int(seconds / 0.08) + 1)
+
+    def hear(self, text: str, final: bool, start_s: float = 1.0, end_s: float = 2.0) -> None:
+        self.session._on_transcript(Transcript(final, text, start_s, end_s, 0.1))
+
+    async def send(self, event: dict) -> None:
+        await self.session._handlers()[event["type"]](event, self.tandem)
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(realtime.time, "monotonic", clock)
+    return clock
+
+
+def types(events: list[dict]) -> list[str]:
+    return [e["type"] for e in events]
+
+
+def test_a_burst_of_speech_is_one_response_and_quiet_closes_it(clock):
+    async def go():
+        rig = Rig()
+        rig.quiet(clock)
+        assert rig.events() == []  # quiet frames between responses are not sent
+        rig.step(clock, " Paris")
+        rig.step(clock, " is", frames=3)
+        rig.quiet(clock)
+        return rig.events()
+
+    events = asyncio.run(go())
+    assert types(events)[:4] == ["response.created", "response.output_item.added", "conversation.item.added",
+                                 "response.content_part.added"]
+    audio = [e for e in events if e["type"] == "response.output_audio.delta"]
+    assert 4 <= len(audio) <= 4 + 8  # the burst's frames, then up to quiet_s of its tail
+    done = events[-1]
+    assert done["type"] == "response.done" and done["response"]["status"] == "completed"
+    assert done["response"]["output"][0]["content"][0]["transcript"] == "Paris is"
+    assert types(events).count("response.created") == 1
+
+
+def test_barge_in_ends_the_response_as_cancelled_once_the_front_end_yields(clock):
+    async def go():
+        rig = Rig()
+        rig.step(clock, " Paris")
+        rig.hear("wait", final=False)  # the user starts talking over it
+        rig.step(clock, " is")
+        rig.quiet(clock)
+        return rig.events()
+
+    events = asyncio.run(go())
+    started = types(events).index("input_audio_buffer.speech_started")
+    assert started < types(events).index("response.done")
+    done = events[-1]["response"]
+    assert (done["status"], done["status_details"]["reason"]) == ("cancelled", "turn_detected")
+
+
+def test_cancel_stops_sending_the_rest_of_the_burst(clock):
+    async def go():
+        rig = Rig()
+        rig.step(clock, " one")
+        await rig.send({"type": "response.cancel"})
+        rig.events()
+        rig.step(clock, " two", frames=3)  # the model goes on: full duplex, it yields by itself
+        muted = rig.events()
+        rig.quiet(clock)
+        rig.step(clock, " three")  # a new burst after quiet is a new response
+        return muted, rig.events()
+
+    muted, after = asyncio.run(go())
+    assert muted == []
+    assert types(after)[0] == "response.created"
+
+
+def test_push_to_talk_keeps_what_the_model_said_for_response_create(clock):
+    async def go():
+        rig = Rig()
+        await rig.send({"type": "session.update", "session": {"type": "realtime",
+                                                             "audio": {"input": {"turn_detection": None}}}})
+        rig.events()
+        rig.hear("what is", final=False)
+        rig.step(clock, " Paris")
+        rig.step(clock, " is", frames=2)
+        rig.hear("what is the capital of France", final=True)
+        assert "input_audio_buffer.speech_started" not in types(rig.events())  # no server VAD events
+        await rig.send({"type": "input_audio_buffer.commit"})
+        committed = rig.events()
+        await rig.send({"type": "response.create"})  # while the model is still speaking
+        released = rig.events()
+        rig.step(clock, " capital")
+        rig.quiet(clock)
+        return committed, released, rig.events()
+
+    committed, released, live = asyncio.run(go())
+    assert types(committed)[:2] == ["input_audio_buffer.committed", "conversation.item.added"]
+    done = next(e for e in committed if e["type"] == "conversation.item.input_audio_transcription.completed")
+    assert done["transcript"] == "what is the capital of France"
+    assert types(released)[0] == "response.created"
+    assert [e["delta"] for e in released if e["type"] == "response.output_audio_transcript.delta"] == [" Paris", " is"]
+    # the kept frames at once: those after the one whose text opened the burst (audio lags text)
+    assert sum(e["type"] == "response.output_audio.delta" for e in released) == 2
+    assert live[-1]["type"] == "response.done"
+    assert live[-1]["response"]["output"][0]["content"][0]["transcript"] == "Paris is capital"
+
+
+def test_a_response_create_nobody_answers_ends_empty(clock):
+    async def go():
+        rig = Rig()
+        await rig.send({"type": "response.create"})
+        with pytest.raises(RealtimeError, match="in progress"):
+            await rig.send({"type": "response.create"})
+        rig.quiet(clock, seconds=6)
+        return rig.events()
+
+    events = asyncio.run(go())
+    assert types(events) == ["response.created", "response.done"]
+    assert events[-1]["response"]["output"] == []
+
+
+def test_truncate_keeps_what_the_user_heard(clock):
+    async def go():
+        rig = Rig()
+        rig.step(clock, " Paris")
+        rig.step(clock, " is", frames=3)
+        rig.step(clock, " lovely", frames=3)
+        rig.quiet(clock)
+        item_id = next(e for e in rig.events() if e["type"] == "response.done")["response"]["output"][0]["id"]
+        await rig.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
+                        "audio_end_ms": 200})
+        return rig.events(), rig.tandem.calls
+
+    events, calls = asyncio.run(go())
+    assert events[-1] == events[-1] | {"type": "conversation.item.truncated", "audio_end_ms": 200}
+    assert calls == [("truncate", "Paris is lovely", "Paris is")]
+
+
+def test_beta_clients_get_beta_names(clock):
+    async def go():
+        rig = Rig(beta=True)
+        rig.step(clock, " Paris")
+        rig.quiet(clock)
+        return types(rig.events())
+
+    names = asyncio.run(go())
+    assert "response.audio.delta" in names and "response.audio_transcript.done" in names
+    assert "conversation.item.created" in names and "response.output_audio.delta" not in names
