@@ -24,6 +24,8 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     load.add_argument("--levels", default=None,
                       help="comma list of session counts (default: 1, 2, 4, ... up to --sessions)")
     load.add_argument("--token", default=None, help="auth token, if the server needs one")
+    load.add_argument("--transport", default="moshi", choices=["moshi", "realtime", "both"],
+                      help="moshi: /api/chat; realtime: /v1/realtime; both: each level on both, side by side")
     load.add_argument("--json-out", default=None)
     load.set_defaults(func=run_load)
 
@@ -59,17 +61,17 @@ def wait_for_free_slots(url: str, wanted: int, limit_s: float = 10.0) -> None:
         time.sleep(0.1)
 
 
-def measure(url: str, sessions: int, seconds: float) -> dict:
+def measure(url: str, sessions: int, seconds: float, transport: str = "moshi") -> dict:
     wait_for_free_slots(url, sessions)
     before, started = scrape(url), time.monotonic()
-    run = asyncio.run(load_level(url, sessions, seconds))
+    run = asyncio.run(load_level(url, sessions, seconds, transport=transport))
     after, wall = scrape(url), time.monotonic() - started
     steps = after.get("step_count", 0) - before.get("step_count", 0)
     step_ms = 1000 * (after.get("step_sum", 0) - before.get("step_sum", 0)) / steps if steps else None
     p50, p99 = percentile_ms(run.round_trips, 50), percentile_ms(run.round_trips, 99)
     late = sum(1 for t in run.round_trips if t * 1000 > FRAME_MS)
     return {
-        "sessions": sessions, "refused": run.refused, "frames_sent": run.frames_sent,
+        "transport": transport, "sessions": sessions, "refused": run.refused, "frames_sent": run.frames_sent,
         "frames_dropped": run.frames_sent - run.frames_received, "frames_late": late,
         "round_trip_ms": {"p50": p50, "p95": percentile_ms(run.round_trips, 95), "p99": p99},
         "engine_step_ms": None if step_ms is None else round(step_ms, 2),
@@ -86,13 +88,15 @@ def measure(url: str, sessions: int, seconds: float) -> dict:
 def run_load(args: argparse.Namespace) -> int:
     url = args.url + (("&" if "?" in args.url else "?") + f"token={args.token}" if args.token else "")
     levels = [int(x) for x in args.levels.split(",")] if args.levels else _doubling(args.sessions)
+    transports = ["moshi", "realtime"] if args.transport == "both" else [args.transport]
     rows = []
     for sessions in levels:
-        row = measure(url, sessions, args.seconds)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        for transport in transports:  # side by side: each level on each transport, one after the other
+            row = measure(url, sessions, args.seconds, transport)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     fitting = [r["sessions"] for r in rows if r["round_trip_ms"]["p99"] is not None
-               and r["round_trip_ms"]["p99"] <= FRAME_MS and not r["refused"]]
+               and r["round_trip_ms"]["p99"] <= FRAME_MS and not r["refused"] and r["transport"] == transports[0]]
     result = {"url": args.url.split("?")[0], "seconds_per_level": args.seconds, "levels": rows,
               "max_sessions_p99_under_80ms": max(fitting) if fitting else 0}
     print(markdown(result))
@@ -110,12 +114,13 @@ def _doubling(limit: int) -> list[int]:
 
 
 def markdown(result: dict) -> str:
-    lines = ["| sessions | round trip p50 / p95 / p99 ms | engine step ms | overhead p50 / p99 ms | mean batch | "
-             "dropped | late (>80 ms) | server CPU cores | server RSS MB |",
-             "|---:|---|---:|---|---:|---:|---:|---:|---:|"]
+    lines = ["| transport | sessions | round trip p50 / p95 / p99 ms | engine step ms | overhead p50 / p99 ms | "
+             "mean batch | not back | late (>80 ms) | server CPU cores | server RSS MB |",
+             "|---|---:|---|---:|---|---:|---:|---:|---:|---:|"]
     for r in result["levels"]:
         rt, oh = r["round_trip_ms"], r["overhead_ms"]
-        lines.append(f"| {r['sessions']} | {rt['p50']} / {rt['p95']} / {rt['p99']} | {r['engine_step_ms']} | "
+        lines.append(f"| {r.get('transport', 'moshi')} | {r['sessions']} | {rt['p50']} / {rt['p95']} / {rt['p99']} | "
+                     f"{r['engine_step_ms']} | "
                      f"{oh['p50']} / {oh['p99']} | {r['batch_mean']} | {r['frames_dropped']} | {r['frames_late']} | "
                      f"{r['server_cpu_cores']} | {r['server_rss_mb']} |")
     lines.append(f"\nlargest N with p99 round trip <= 80 ms: {result['max_sessions_p99_under_80ms']}")

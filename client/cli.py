@@ -24,6 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_llm_arg(client, "the server's LLM backend profile for this session (default: the server's default)")
     client.add_argument("--system-prompt", default=None)
     client.add_argument("--json", action="store_true", help="one JSON line per message, with times")
+    client.add_argument("--realtime-api", action="store_true",
+                        help="talk to the OpenAI-Realtime endpoint /v1/realtime through the openai SDK instead of "
+                             "Moshi's protocol (the URL's path is replaced)")
+    client.add_argument("--token", default=None, help="auth token (with --realtime-api: sent as the SDK's api_key)")
     client.set_defaults(func=run_client)
 
     talk = sub.add_parser("talk", help="talk to a server with the microphone and speakers")
@@ -75,11 +79,44 @@ def run_client(args: argparse.Namespace) -> int:
     from kame.audio import SAMPLE_RATE, read_audio, write_wav
 
     pcm = read_audio(args.input)
+    if args.realtime_api:
+        return _run_realtime_client(args, pcm)
+    if args.token:
+        args.url += ("&" if "?" in args.url else "?") + f"token={args.token}"
     conv = asyncio.run(converse(args.url, pcm, realtime=args.realtime, tail_s=args.tail, backend=args.llm,
                                 system_prompt=args.system_prompt, on_item=_printer(args.json)))
     write_wav(args.output, conv.assistant_audio)
     summary = {"assistant_text": conv.assistant_text, "frames_sent": conv.frames_sent,
                "audio_s": round(len(conv.assistant_audio) / SAMPLE_RATE, 3), "output": args.output}
+    if args.json:
+        print(json.dumps({"type": "summary", **summary}))
+    else:
+        print(f"assistant: {conv.assistant_text}")
+        print(f"wrote {summary['audio_s']} s of assistant audio to {args.output}", file=sys.stderr)
+    return 0
+
+
+def _run_realtime_client(args: argparse.Namespace, pcm) -> int:
+    from client.realtime_client import converse_realtime, realtime_url
+    from kame.audio import SAMPLE_RATE, write_wav
+    from kame.errors import KameError
+
+    if args.llm or not args.realtime:
+        raise KameError("--realtime-api streams at real-time pace with the server's default LLM: "
+                        "no --llm or --fast with it")
+
+    def show(t: float, line: str) -> None:
+        if args.json:
+            print(json.dumps({"t": round(t, 3), "line": line}), flush=True)
+        else:
+            print(f"[{t:7.2f}] {line}", flush=True)
+
+    conv = asyncio.run(converse_realtime(args.url, pcm, token=args.token, tail_s=args.tail,
+                                         instructions=args.system_prompt, on_line=show))
+    write_wav(args.output, conv.assistant_audio)
+    summary = {"assistant_text": conv.assistant_text, "user_text": " ".join(conv.transcripts),
+               "frames_sent": conv.frames_sent, "audio_s": round(len(conv.assistant_audio) / SAMPLE_RATE, 3),
+               "errors": len(conv.errors), "output": args.output, "url": realtime_url(args.url)}
     if args.json:
         print(json.dumps({"type": "summary", **summary}))
     else:

@@ -137,24 +137,40 @@ class LatencyRun:
     refused: int = 0
 
 
-async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.Random) -> None:
+# the Realtime endpoint sends audio only while the model speaks; with audio energy counted as speech,
+# a front-end that makes noise (tiny-copy, random weights) speaks in every frame once its audio is ready.
+# No silence fed after the last frame; kame events on, so that each delta names its frame.
+REALTIME_LOAD_SESSION = {"kame": {"activity": "text+audio", "feed_silence": False, "events": True}}
+
+
+async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.Random,
+                         transport: str = "moshi") -> None:
+    from client.realtime_client import RealtimeAudio
+
     try:
-        client = await KameClient.connect(url, events=False)
+        if transport == "realtime":
+            client = await RealtimeAudio.connect(url, session=REALTIME_LOAD_SESSION)
+            chunks = client.audio()
+        else:
+            client = await KameClient.connect(url, events=False)
+            chunks = ((None, m.pcm) async for m in client if isinstance(m, AudioMessage))
     except ServerRefused:
         run.refused += 1
         return
     sent_at: list[float] = []
-    received = 0
+    received_at: list[tuple[int, float]] = []  # (frame index, arrival time)
 
     async def receive() -> None:
-        nonlocal received
-        async for message in client:
-            if isinstance(message, AudioMessage):
-                received += len(message.pcm)
-                while received >= FRAME * (len(run_trips) + 1) and len(run_trips) < len(sent_at):
-                    run_trips.append(time.monotonic() - sent_at[len(run_trips)])
+        received = 0
+        with contextlib.suppress(ConnectionClosed):
+            async for frame, pcm in chunks:
+                if frame is not None:  # the Realtime endpoint names the frame; Moshi's returns all, in order
+                    received_at.append((frame, time.monotonic()))
+                    continue
+                received += len(pcm)
+                while received >= FRAME * (len(received_at) + 1):
+                    received_at.append((len(received_at), time.monotonic()))
 
-    run_trips: list[float] = []
     task = asyncio.create_task(receive())
     await asyncio.sleep(rng.random() * FRAME / RATE)  # sessions do not start in lockstep
     noise = (np.random.default_rng(rng.randrange(1 << 30)).standard_normal(FRAME) * 0.05).astype(np.float32)
@@ -170,15 +186,19 @@ async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.
         await asyncio.sleep(0.5)
     await client.close()
     await task
+    # frame k back answers the k-th frame sent (the Realtime endpoint does not send the first ones,
+    # before the model's audio is ready and its speech opens a response)
+    trips = [at - sent_at[frame] for frame, at in received_at if frame < len(sent_at)]
     run.frames_sent += len(sent_at)
-    run.frames_received += len(run_trips)
-    run.round_trips.extend(run_trips[3:])  # the first frames carry the connection's warm-up
+    run.frames_received += len(received_at)
+    run.round_trips.extend(trips[3:])  # the first frames carry the connection's warm-up
 
 
-async def load_level(url: str, sessions: int, seconds: float, seed: int = 0) -> LatencyRun:
+async def load_level(url: str, sessions: int, seconds: float, seed: int = 0, transport: str = "moshi") -> LatencyRun:
     run = LatencyRun(sessions, seconds)
     rng = random.Random(seed)
-    await asyncio.gather(*(_timed_session(url, seconds, run, random.Random(rng.random())) for _ in range(sessions)))
+    await asyncio.gather(*(_timed_session(url, seconds, run, random.Random(rng.random()), transport)
+                           for _ in range(sessions)))
     return run
 
 

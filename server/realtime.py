@@ -117,6 +117,8 @@ class _Config:
     tool_choice: object = "auto"
     events: bool = False  # kame.* extension events
     quiet_s: float = 0.6
+    activity: str = "text"  # what opens a response: "text", or "text+audio" (audio energy too)
+    feed_silence: bool = True  # while the client sends no audio, the front-end hears silence in real time
 
     @property
     def auto_respond(self) -> bool:
@@ -176,13 +178,13 @@ class RealtimeSession(SocketSession):
         self.options = settings.realtime
         self.config = _Config(model=model or "kame", instructions=settings.system_prompt,
                               turn_detection=self._server_vad(), transcription={"model": services.runtime.asr.name},
-                              quiet_s=self.options.quiet_s)
+                              quiet_s=self.options.quiet_s, activity=self.options.activity)
         self._decode, self._encode = self.config.input_format.decoder(), self.config.output_format.encoder()
         self._response: _Response | None = None
         self._pending: _Response | None = None  # a response.create waiting for the model to speak
         self._muted = False  # a burst nobody asked for (no auto response) or cancelled: not sent
         self._kept: _Burst | None = None  # a burst nobody asked for, kept for a response.create
-        self._last_append = time.monotonic()
+        self._last_append = time.monotonic() + 0.5  # a client configuring its session first is not fed silence
         self._last_active: float = 0.0  # wall time of the last speech of the current burst
         self._last_frame = 0
         self._user: _UserItem | None = None
@@ -236,7 +238,8 @@ class RealtimeSession(SocketSession):
             "tools": c.tools, "tool_choice": c.tool_choice, "max_output_tokens": "inf",
             "tracing": None, "truncation": "auto", "prompt": None, "include": None,
             "kame": {"frontend": runtime.frontend.source, "asr": runtime.asr.name, "events": c.events,
-                     "quiet_s": c.quiet_s, "backends": list(runtime.profiles)},
+                     "quiet_s": c.quiet_s, "activity": c.activity, "feed_silence": c.feed_silence,
+                     "backends": list(runtime.profiles)},
         }
 
     async def _greet(self, tandem: TandemSession) -> None:
@@ -312,7 +315,7 @@ class RealtimeSession(SocketSession):
         silence = np.zeros(FRAME_SIZE, dtype=np.float32)
         while True:
             await asyncio.sleep(FRAME_S)
-            if time.monotonic() - self._last_append >= 2 * FRAME_S:
+            if self.config.feed_silence and time.monotonic() - self._last_append >= 2 * FRAME_S:
                 tandem.push_pcm(silence)
 
     async def _commit(self, event: dict, tandem: TandemSession) -> None:
@@ -378,6 +381,12 @@ class RealtimeSession(SocketSession):
             raise RealtimeError("invalid_value", "oracle_delay_s is between 0 and 30", "session.kame.oracle_delay_s")
         if "events" in kame_options:
             new.events = bool(kame_options["events"])
+        if "feed_silence" in kame_options:
+            new.feed_silence = bool(kame_options["feed_silence"])
+        if "activity" in kame_options:
+            if kame_options["activity"] not in ("text", "text+audio"):
+                raise RealtimeError("invalid_value", "activity is 'text' or 'text+audio'", "session.kame.activity")
+            new.activity = kame_options["activity"]
         if "quiet_s" in kame_options:
             quiet = kame_options["quiet_s"]
             if not isinstance(quiet, int | float) or not 0.16 <= quiet <= 5:
@@ -494,7 +503,7 @@ class RealtimeSession(SocketSession):
             while piece is not None and piece[0] <= kept.first_frame + index:
                 self._send_text(response, *piece)
                 piece = next(pieces, None)
-            self._send_audio(response, pcm)
+            self._send_audio(response, pcm, kept.first_frame + 1 + index)
         for rest in ([piece] if piece else []) + list(pieces):
             self._send_text(response, *rest)
         if kept.ended_at is None:
@@ -536,11 +545,11 @@ class RealtimeSession(SocketSession):
 
     def _on_audio(self, event: AssistantAudio) -> None:
         self._last_frame = event.frame
-        if self.options.activity == "text+audio" and event.ready and (
+        if self.config.activity == "text+audio" and event.ready and (
                 float(np.sqrt(np.mean(event.pcm ** 2))) >= self._energy):
             self._speech(event.frame)
         if self._response is not None and self._response.started:
-            self._send_audio(self._response, event.pcm)
+            self._send_audio(self._response, event.pcm, event.frame)
         elif self._muted and self._kept is not None and self._kept.ended_at is None:
             self._kept.frames.append(event.pcm)
         self._check_quiet()
@@ -552,11 +561,13 @@ class RealtimeSession(SocketSession):
         elif self._muted and self._kept is not None and self._kept.ended_at is None:
             self._kept.pieces.append((event.frame, event.text))
 
-    def _send_audio(self, response: _Response, pcm: np.ndarray) -> None:
+    def _send_audio(self, response: _Response, pcm: np.ndarray, frame: int) -> None:
         if "audio" in self.config.output_modalities:
+            # with kame events on, each delta also names the session's frame it is (latency measurements)
+            extra = {"kame_frame": frame} if self.config.events else {}
             self._emit("response.output_audio.delta", droppable=True, response_id=response.id,
                        item_id=response.item_id, output_index=0, content_index=0,
-                       delta=base64.b64encode(self._encode(pcm)).decode())
+                       delta=base64.b64encode(self._encode(pcm)).decode(), **extra)
         response.audio_ms += FRAME_S * 1000
 
     def _send_text(self, response: _Response, frame: int, text: str) -> None:

@@ -27,3 +27,22 @@ def test_bench_load_reports_every_level(tmp_path, capsys):
     fitting = [level["sessions"] for level in result["levels"] if level["round_trip_ms"]["p99"] <= 80]
     assert result["max_sessions_p99_under_80ms"] == max(fitting, default=0)
     assert "| sessions |" in capsys.readouterr().out
+
+
+def test_bench_load_drives_both_transports_side_by_side(tmp_path, capsys):
+    """/api/chat and /v1/realtime, each level on both: every frame's round trip, matched by frame."""
+    out = tmp_path / "load.json"
+    with running_server(asr="none", max_sessions=2, frontend="tiny-copy") as (url, _):
+        code = main(["bench", "load", "--url", url + "/api/chat", "--levels", "2", "--seconds", "2",
+                     "--transport", "both", "--json-out", str(out)])
+    assert code == 0
+    levels = json.loads(out.read_text())["levels"]
+    assert [(level["transport"], level["sessions"]) for level in levels] == [("moshi", 2), ("realtime", 2)]
+    moshi, realtime = levels
+    # the Realtime endpoint sends only speech: all but the first frames (before the model's audio is ready)
+    assert moshi["frames_dropped"] <= 2 and 0 < realtime["frames_dropped"] <= 2 * 4
+    assert realtime["frames_sent"] - realtime["frames_dropped"] >= 2 * 12 * 2 - 2 * 4
+    for level in levels:
+        rt = level["round_trip_ms"]
+        assert 0 < rt["p50"] <= rt["p95"] <= rt["p99"] < 1000  # matched frame to frame, not shifted by one
+    assert "| realtime | 2 |" in capsys.readouterr().out

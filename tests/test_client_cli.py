@@ -134,3 +134,19 @@ def test_client_errors_are_one_line_with_a_distinct_exit_code(tmp_path):
         lines = [line for line in err.splitlines() if line.startswith("kame: error:")]
         assert got_code == code and len(lines) == 1 and text in lines[0], (case, got_code, err[-600:])
         assert "Traceback" not in err, (case, err[-600:])
+
+
+def test_client_realtime_api_goes_through_the_openai_sdk(tandem_server, voices, tmp_path, capsys):
+    url, _ = tandem_server
+    question = tmp_path / "question.wav"
+    write_wav(question, voices["france"])
+    out = tmp_path / "answer.wav"
+    assert main(["client", "--url", url + "/api/chat", "--input", str(question), "--output", str(out),
+                 "--tail", "4", "--json", "--realtime-api"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    summary = lines[-1]
+    assert summary["url"].endswith("/v1/realtime") and summary["errors"] == 0
+    assert words(summary["user_text"])[:6] == words("What is the capital of France")
+    assert " ".join(words("Paris is the capital of France")) in " ".join(words(summary["assistant_text"]))
+    audio, rate = sphn.read(str(out))
+    assert rate == 24000 and audio.shape[1] >= 24000 * 0.5  # the response's audio, not the quiet between
