@@ -76,7 +76,7 @@ def describe_event(event: dict) -> str | None:
 
 def run_client(args: argparse.Namespace) -> int:
     from client.conversation import converse
-    from kame.audio import SAMPLE_RATE, read_audio, write_wav
+    from kame.audio import read_audio
 
     pcm = read_audio(args.input)
     if args.realtime_api:
@@ -85,9 +85,16 @@ def run_client(args: argparse.Namespace) -> int:
         args.url += ("&" if "?" in args.url else "?") + f"token={args.token}"
     conv = asyncio.run(converse(args.url, pcm, realtime=args.realtime, tail_s=args.tail, backend=args.llm,
                                 system_prompt=args.system_prompt, on_item=_printer(args.json)))
+    return _finish(args, conv, {})
+
+
+def _finish(args: argparse.Namespace, conv, more: dict) -> int:
+    """Write the assistant's audio; the summary as a JSON line or two lines of text."""
+    from kame.audio import SAMPLE_RATE, write_wav
+
     write_wav(args.output, conv.assistant_audio)
     summary = {"assistant_text": conv.assistant_text, "frames_sent": conv.frames_sent,
-               "audio_s": round(len(conv.assistant_audio) / SAMPLE_RATE, 3), "output": args.output}
+               "audio_s": round(len(conv.assistant_audio) / SAMPLE_RATE, 3), "output": args.output, **more}
     if args.json:
         print(json.dumps({"type": "summary", **summary}))
     else:
@@ -98,7 +105,6 @@ def run_client(args: argparse.Namespace) -> int:
 
 def _run_realtime_client(args: argparse.Namespace, pcm) -> int:
     from client.realtime_client import converse_realtime, realtime_url
-    from kame.audio import SAMPLE_RATE, write_wav
     from kame.errors import KameError
 
     if args.llm or not args.realtime:
@@ -113,16 +119,8 @@ def _run_realtime_client(args: argparse.Namespace, pcm) -> int:
 
     conv = asyncio.run(converse_realtime(args.url, pcm, token=args.token, tail_s=args.tail,
                                          instructions=args.system_prompt, on_line=show))
-    write_wav(args.output, conv.assistant_audio)
-    summary = {"assistant_text": conv.assistant_text, "user_text": " ".join(conv.transcripts),
-               "frames_sent": conv.frames_sent, "audio_s": round(len(conv.assistant_audio) / SAMPLE_RATE, 3),
-               "errors": len(conv.errors), "output": args.output, "url": realtime_url(args.url)}
-    if args.json:
-        print(json.dumps({"type": "summary", **summary}))
-    else:
-        print(f"assistant: {conv.assistant_text}")
-        print(f"wrote {summary['audio_s']} s of assistant audio to {args.output}", file=sys.stderr)
-    return 0
+    return _finish(args, conv, {"user_text": " ".join(conv.transcripts), "errors": len(conv.errors),
+                                "url": realtime_url(args.url)})
 
 
 def run_talk(args: argparse.Namespace) -> int:
