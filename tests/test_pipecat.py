@@ -1,0 +1,151 @@
+"""A real Pipecat pipeline against /v1/realtime on loopback: pipecat-ai's own OpenAI Realtime service,
+set up as examples/pipecat_realtime.py does, hears the spoken question (tiny-copy, Whisper tiny.en, the
+scripted LLM behind the server) and gets the spoken answer back as Pipecat frames and context messages."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pipecat.services.openai.realtime.llm",
+                    reason="needs pipecat-ai[openai]==1.12.0, not in the dev extra (see examples/README.md)")
+
+from pipecat.frames.frames import (
+    ErrorFrame,
+    LLMContextAssistantTurnFrame,
+    LLMRunFrame,
+    TranscriptionFrame,
+    TTSAudioRawFrame,
+    TTSTextFrame,
+)
+from pipecat.observers.base_observer import BaseObserver, FramePushed
+from pipecat.pipeline.worker import PipelineWorker
+from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
+from pipecat.workers.runner import WorkerRunner
+
+from kame.codec import pcm16_encode
+
+from .conftest import words
+from .server_harness import wait_until_all_slots_free
+
+pytestmark = pytest.mark.slow
+EXAMPLE = Path(__file__).parent.parent / "examples" / "pipecat_realtime.py"
+INSTRUCTIONS = "You are the test's assistant. Answer in one short sentence."
+# the server-side gap this test found; once response.done carries a usage object it passes (strict: then it says so)
+USAGE_NULL = ("KAME sends response.usage = null in response.done; pipecat-ai 1.12.0 reads "
+              "evt.response.usage.input_tokens (pipecat/services/openai/realtime/llm.py:1014), so its event reader "
+              "dies at the first response.done")
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("pipecat_realtime", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Heard(BaseObserver):
+    """What the realtime service pushed into the pipeline: the assistant's audio and words, the
+    user's transcript (sent upstream, to the user aggregator), errors; and the assistant turns the
+    assistant aggregator wrote into the context."""
+
+    def __init__(self, llm: OpenAIRealtimeLLMService) -> None:
+        super().__init__(observe_every_push=False)
+        self.llm = llm
+        self.audio: list[TTSAudioRawFrame] = []
+        self.said: list[str] = []
+        self.user: list[str] = []
+        self.errors: list[str] = []
+        self.turns: list[str] = []
+        self.changed = asyncio.Event()
+
+    async def on_push_frame(self, data: FramePushed) -> None:
+        frame = data.frame
+        if isinstance(frame, LLMContextAssistantTurnFrame):
+            self.turns.append(frame.text)
+        elif data.source is not self.llm:
+            return
+        elif isinstance(frame, TTSAudioRawFrame):
+            self.audio.append(frame)
+        elif isinstance(frame, TTSTextFrame):
+            self.said.append(frame.text)
+        elif isinstance(frame, TranscriptionFrame):
+            self.user.append(frame.text)
+        elif isinstance(frame, ErrorFrame):
+            self.errors.append(frame.error)
+        else:
+            return
+        self.changed.set()
+
+    def answered(self) -> bool:
+        return " ".join(words("Paris is the capital of France")) in " ".join(words("".join(self.said)))
+
+    async def wait(self, predicate, limit_s: float, what: str) -> None:
+        """Until `predicate()`; fails at once on an error frame or when the service stops reading events."""
+        reading = self.llm._receive_task  # pipecat logs and swallows what ends it: watch it here
+        async with asyncio.timeout(limit_s):
+            while not predicate():
+                assert not self.errors, f"the pipeline got errors while waiting for {what}: {self.errors}"
+                assert reading is None or not reading.done(), (
+                    f"pipecat's realtime service stopped reading server events while waiting for {what} "
+                    "(its log says why)")
+                self.changed.clear()
+                changed = asyncio.ensure_future(self.changed.wait())
+                await asyncio.wait([changed, *([reading] if reading else [])], return_when=asyncio.FIRST_COMPLETED)
+                changed.cancel()
+
+
+@pytest.mark.xfail(strict=True, reason=USAGE_NULL)
+def test_a_pipecat_pipeline_talks_to_kame(tandem_server, scripted_llm, voices):
+    url, services = tandem_server
+    example = load_example()
+    question = np.concatenate([np.zeros(12000, np.float32), voices["france"], np.zeros(24000 * 4, np.float32)])
+
+    async def go():
+        llm = example.kame_llm(url, None, INSTRUCTIONS)
+        pipeline, context, recorder = example.conversation(llm)
+        heard = Heard(llm)
+        worker = PipelineWorker(pipeline, observers=[heard], enable_rtvi=False, cancel_on_idle_timeout=False)
+        started = asyncio.Event()
+
+        @worker.event_handler("on_pipeline_started")
+        async def on_started(worker, frame) -> None:
+            started.set()
+
+        async def converse() -> None:
+            await asyncio.wait_for(started.wait(), 10)
+            await worker.queue_frame(LLMRunFrame())  # as the example does: response.create up front
+            speaking = asyncio.ensure_future(example.send_audio(worker, pcm16_encode(question)))
+            try:
+                await heard.wait(heard.answered, 25, "the spoken answer")
+                await heard.wait(lambda: heard.user, 15, "the user's transcript")
+                await heard.wait(lambda: any("paris" in words(t) for t in heard.turns), 10, "the answer's turn")
+            finally:
+                speaking.cancel()
+                await worker.cancel(reason="the test is over")  # ends runner.run() below, pass or fail
+
+        runner = WorkerRunner(handle_sigint=False)
+        await runner.add_workers(worker)
+        for result in await asyncio.gather(runner.run(), converse(), return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
+        return heard, context, recorder
+
+    try:
+        heard, context, recorder = asyncio.run(go())
+    finally:
+        wait_until_all_slots_free(services)
+    assert not heard.errors
+    # the user's side: KAME's ASR transcript, as a TranscriptionFrame, written into the context
+    assert words(" ".join(heard.user))[:6] == words("What is the capital of France")
+    messages = context.get_messages()
+    assert any(m["role"] == "user" and "france" in words(m["content"]) for m in messages)
+    assert any(m["role"] == "assistant" and "paris" in words(m["content"]) for m in messages)  # at response.done
+    # the assistant's side: 24 kHz PCM16 in 80 ms frames, through the pipeline to where a transport plays it
+    assert len(heard.audio) >= 5 and all(f.sample_rate == 24000 and len(f.audio) == 3840 for f in heard.audio)
+    assert len(recorder.audio) >= 5 * 3840
+    assert any(r["messages"][0]["content"] == INSTRUCTIONS for r in scripted_llm.requests)  # reached the LLM
