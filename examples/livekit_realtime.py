@@ -40,8 +40,9 @@ server = AgentServer()
 async def entrypoint(ctx: JobContext) -> None:
     session = AgentSession(llm=kame_model())  # no stt/tts/vad: the realtime model hears and speaks
     await session.start(room=ctx.room, agent=Agent(instructions=INSTRUCTIONS))  # instructions: session.update
-    # No session.generate_reply() greeting: KAME's response.created does not carry the metadata that LiveKit
-    # matches its response.create by, so generate_reply() times out after 10 s. KAME answers when spoken to.
+    # No session.generate_reply() greeting: KAME echoes the metadata LiveKit matches its response.create by,
+    # but ignores the reply's instructions (the front-end speaks when it has something to say), so a greeting
+    # is whatever the model says first, or an empty response after [realtime] response_timeout_s.
 
 
 if __name__ == "__main__":

@@ -41,8 +41,7 @@ def kame_llm(url: str, token: str | None, instructions: str) -> OpenAIRealtimeLL
     session = events.SessionProperties(
         output_modalities=["audio"],  # KAME always speaks; its words come as output_audio_transcript deltas
         # turn_detection and transcription left unset: KAME's defaults, server_vad (its ASR's endpointing) and
-        # transcripts of the user from its own ASR. No `tools`: KAME answers them with an error event, which
-        # pipecat takes as fatal.
+        # transcripts of the user from its own ASR. No `tools`: KAME stores them but does not call them yet.
         audio=events.AudioConfiguration(input=events.AudioInput(format=pcm), output=events.AudioOutput(format=pcm)),
     )
     settings = OpenAIRealtimeLLMService.Settings(

@@ -10,6 +10,8 @@ from starlette.websockets import WebSocket
 
 from server.settings import ServerSettings
 
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
+
 
 @dataclass(frozen=True)
 class Refusal:
@@ -44,8 +46,12 @@ class AccessControl:
         return None
 
     def _token_ok(self, ws: WebSocket) -> bool:
+        """Bearer header, ?token=, or the Realtime browser clients' `openai-insecure-api-key.TOKEN` subprotocol."""
         header = ws.headers.get("authorization", "")
         given = header[7:] if header.lower().startswith("bearer ") else ws.query_params.get("token", "")
+        for protocol in ws.scope.get("subprotocols", []):  # browsers cannot set the header
+            if not given and protocol.startswith(KEY_SUBPROTOCOL):
+                given = protocol[len(KEY_SUBPROTOCOL):]
         given_bytes = given.encode()
         matched = False
         for token in self._tokens:  # every token is compared: the time taken says nothing

@@ -186,7 +186,7 @@ async def _serve(ws: WebSocket, services: Services, sessions: set, make: Callabl
         await _refuse(ws, services, Refusal(503, 1013, str(exc)))
         return
     try:
-        await ws.accept()
+        await ws.accept(subprotocol=session.subprotocol)
     except BaseException:
         await tandem.aclose()  # from here on, the session ends the tandem
         await session.discard_recording()

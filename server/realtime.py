@@ -131,7 +131,10 @@ class _Response:
     item_id: str
     requested: bool  # by the client's response.create (else opened by the model's own speech)
     created_at: float
+    modalities: tuple[str, ...] = ("audio",)  # fixed when the response is created
+    metadata: dict | None = None  # the client's response.create metadata, echoed
     started: bool = False  # the burst's first speech has come: the output item exists
+    previous_item_id: str | None = None
     first_frame: int | None = None
     audio_ms: float = 0.0
     pieces: list[tuple[float, str]] = field(default_factory=list)  # (audio offset ms, text)
@@ -148,7 +151,7 @@ class _Burst:
     false), kept so that a response.create during it, or soon after, releases it."""
 
     first_frame: int
-    frames: list[np.ndarray] = field(default_factory=list)
+    frames: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (frame, pcm)
     pieces: list[tuple[int, str]] = field(default_factory=list)  # (frame, text)
     ended_at: float | None = None  # wall time it went quiet; None: the model is still speaking
 
@@ -158,11 +161,49 @@ class _UserItem:
     id: str
     start_ms: int
     heard: str = ""  # the partial transcript so far
-    committed: bool = False
+    committed: bool = False  # the client committed it (turn_detection null): an item once its final comes
+    done: bool = False  # its item was sent
 
 
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+def _obj(value: object, param: str) -> dict:
+    """An optional JSON object: {} when absent."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RealtimeError("invalid_value", f"{param} must be an object", param)
+    return value
+
+
+def _flag(value: object, param: str) -> bool:
+    if not isinstance(value, bool):
+        raise RealtimeError("invalid_value", f"{param} must be true or false", param)
+    return value
+
+
+def _text(value: object, param: str) -> str:
+    if not isinstance(value, str):
+        raise RealtimeError("invalid_value", f"{param} must be a string", param)
+    return value
+
+
+def _number(value: object, low: float, high: float, param: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise RealtimeError("invalid_value", f"{param} must be a number from {low} to {high}", param)
+    return float(value)
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+ZERO_USAGE = {"total_tokens": 0, "input_tokens": 0, "output_tokens": 0,
+              "input_token_details": {"text_tokens": 0, "audio_tokens": 0, "cached_tokens": 0,
+                                      "cached_tokens_details": {"text_tokens": 0, "audio_tokens": 0}},
+              "output_token_details": {"text_tokens": 0, "audio_tokens": 0}}
 
 
 # ------------------------------------------------------------------------------------------ session
@@ -174,6 +215,10 @@ class RealtimeSession(SocketSession):
     def __init__(self, ws: WebSocket, services: Services, model: str, beta: bool) -> None:
         super().__init__(ws, services)
         self.beta = beta
+        # browsers cannot set headers: OpenAI's browser clients offer the "realtime" subprotocol (and
+        # their key as another one, which server/access.py reads)
+        if ws is not None and "realtime" in ws.scope.get("subprotocols", []):
+            self.subprotocol = "realtime"
         settings = services.settings
         self.options = settings.realtime
         self.config = _Config(model=model or "kame", instructions=settings.system_prompt,
@@ -184,11 +229,15 @@ class RealtimeSession(SocketSession):
         self._pending: _Response | None = None  # a response.create waiting for the model to speak
         self._muted = False  # a burst nobody asked for (no auto response) or cancelled: not sent
         self._kept: _Burst | None = None  # a burst nobody asked for, kept for a response.create
-        self._last_append = time.monotonic() + 0.5  # a client configuring its session first is not fed silence
+        # the audio clock: audio pushed (the client's and fed silence) against wall time since the
+        # session opened; a client configuring its session first is not fed silence for 0.5 s
+        self._clock_start = time.monotonic() + 0.5
+        self._pushed_s = 0.0
+        self._appended = False  # audio came since the last commit
         self._last_active: float = 0.0  # wall time of the last speech of the current burst
-        self._last_frame = 0
         self._user: _UserItem | None = None
-        self._uncommitted: list[Transcript] = []  # finals the client has not committed yet (turn_detection null)
+        self._uncommitted: list[tuple[_UserItem, Transcript]] = []  # finals not committed yet (turn_detection null)
+        self._tasks: set[asyncio.Task] = set()
         self._items: dict[str, dict] = {}
         self._last_item_id: str | None = None
         self._event_count = 0
@@ -261,19 +310,26 @@ class RealtimeSession(SocketSession):
         if len(text) > limit:
             raise RealtimeError("event_too_large", f"an event of {len(text)} bytes exceeds {limit}")
         try:
-            event = json.loads(text)
-        except ValueError as exc:
+            event = json.loads(text, parse_constant=_reject_constant)
+        except (ValueError, RecursionError) as exc:
             raise RealtimeError("invalid_json", f"the event is not JSON: {exc}") from exc
         if not isinstance(event, dict) or not isinstance(event.get("type"), str):
             raise RealtimeError("invalid_event", "an event is a JSON object with a string 'type'")
+        event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
         handler = self._handlers().get(event["type"])
         try:
             if handler is None:
                 raise RealtimeError("unknown_event", f"unknown or unsupported event type {event['type']!r}", "type")
             await handler(event, tandem)
         except (ProtocolError, SessionError) as exc:
-            exc.client_event_id = event.get("event_id")  # the error names the event it answers
+            exc.client_event_id = event_id  # the error names the event it answers
             raise
+        except (TypeError, AttributeError, KeyError, ValueError, IndexError) as exc:
+            # a shape no check foresaw: this event is refused, the session goes on (and the log says where)
+            logger.warning("session %s: %s event refused", self.id, event["type"], exc_info=True)
+            error = RealtimeError("invalid_value", f"{event['type']}: a field has the wrong type ({exc})")
+            error.client_event_id = event_id
+            raise error from exc
 
     def _handlers(self) -> dict:
         return {
@@ -306,34 +362,69 @@ class RealtimeSession(SocketSession):
             raise RealtimeError("invalid_base64", "'audio' is not valid base64", "audio") from exc
         if self.config.input_format.type == "audio/pcm" and len(data) % 2:
             raise RealtimeError("invalid_audio", "audio/pcm is 16-bit: an even number of bytes", "audio")
-        tandem.push_pcm(self._decode(data))
-        self._last_append = time.monotonic()
+        pcm = self._decode(data)
+        tandem.push_pcm(pcm)
+        self._pushed_s += len(pcm) / SAMPLE_RATE
+        self._appended = self._appended or len(pcm) > 0
 
     async def _silence(self, tandem: TandemSession) -> None:
-        """The front-end speaks in step with the audio it hears: while the client sends none (it
-        waits for an answer, or sends audio only while its user talks), feed it silence in real time."""
+        """The front-end speaks in step with the audio it hears: when the audio pushed falls behind the
+        wall clock (the client waits for an answer, or sends audio only while its user talks), feed it
+        silence in real time. Client audio in large chunks or with jitter stays within the slack."""
         silence = np.zeros(FRAME_SIZE, dtype=np.float32)
         while True:
             await asyncio.sleep(FRAME_S)
-            if self.config.feed_silence and time.monotonic() - self._last_append >= 2 * FRAME_S:
+            if self._silence_due():
                 tandem.push_pcm(silence)
+
+    def _silence_due(self, slack_s: float = 0.3) -> bool:
+        """One frame of silence is due: the audio pushed is more than `slack_s` behind the wall clock."""
+        behind = time.monotonic() - self._clock_start - self._pushed_s
+        if not self.config.feed_silence:
+            self._pushed_s += max(0.0, behind)  # when it is turned on again, it counts from then
+            return False
+        if behind <= slack_s:
+            return False
+        self._pushed_s += FRAME_S
+        return True
 
     async def _commit(self, event: dict, tandem: TandemSession) -> None:
         if self.config.turn_detection is not None:
             raise RealtimeError("invalid_request", "with server_vad the server commits the audio itself; "
                                 "set audio.input.turn_detection to null to commit by hand")
+        if not self._uncommitted and self._user is None and not self._appended:
+            raise RealtimeError("input_audio_buffer_commit_empty", "no audio appended since the last commit")
+        self._appended = False
+        committed = bool(self._uncommitted)
         if self._uncommitted:
             self._commit_uncommitted()
-        elif self._user is not None:
-            self._user.committed = True  # committed when its final comes, which flushing brings
-            await tandem.flush()
-        else:
-            raise RealtimeError("input_audio_buffer_commit_empty", "no speech in the buffer to commit")
+        if self._user is not None:  # an utterance in progress: its item comes with its final
+            self._user.committed, committed = True, True
+            self._spawn(self._settle(tandem, self._user))
+        if not committed:  # audio without words: an item with an empty transcript
+            self._commit_item(_UserItem(_id("item"), int(self._pushed_s * 1000)), [])
+
+    async def _settle(self, tandem: TandemSession, user: _UserItem) -> None:
+        """A committed utterance: the ASR finishes it now; a final that never comes (no words after all)
+        commits it with an empty transcript."""
+        await tandem.flush()
+        await asyncio.sleep(1.0)
+        if not user.done:
+            if self._user is user:
+                self._user = None
+            self._commit_item(user, [])
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _clear(self, event: dict, tandem: TandemSession) -> None:
-        # the full-duplex front-end has heard it already; what is dropped is the pending user item
+        # the full-duplex front-end has heard it already; what is dropped are the finals not committed
         self._uncommitted.clear()
-        self._user = None
+        self._appended = False
+        if self.config.turn_detection is None:
+            self._user = None
         self._emit("input_audio_buffer.cleared")
 
     async def _session_update(self, event: dict, tandem: TandemSession) -> None:
@@ -344,8 +435,8 @@ class RealtimeSession(SocketSession):
             raise RealtimeError("invalid_value", "only realtime sessions are served (not transcription)",
                                 "session.type")
         new = dataclasses.replace(self.config)
-        audio = session.get("audio") or {}
-        inp, out = audio.get("input") or {}, audio.get("output") or {}
+        audio = _obj(session.get("audio"), "session.audio")
+        inp, out = _obj(audio.get("input"), "session.audio.input"), _obj(audio.get("output"), "session.audio.output")
         if "format" in inp or "input_audio_format" in session:
             new.input_format = AudioFormat.parse(inp.get("format", session.get("input_audio_format")),
                                                  "session.audio.input.format")
@@ -359,39 +450,35 @@ class RealtimeSession(SocketSession):
             if value is not None and not isinstance(value, dict):
                 raise RealtimeError("invalid_value", "transcription is an object or null",
                                     "session.audio.input.transcription")
-            new.transcription = None if value is None else {"model": self.services.runtime.asr.name, **value}
+            # the model is the server's ASR, whatever the client names
+            new.transcription = None if value is None else {**value, "model": self.services.runtime.asr.name}
         modalities = session.get("output_modalities", session.get("modalities"))
         if modalities is not None:
-            wanted = tuple(m for m in modalities if m in ("audio", "text"))
+            wanted = tuple(m for m in modalities if m in ("audio", "text")) if isinstance(modalities, list) else ()
             if not wanted or len(wanted) != len(modalities):
                 raise RealtimeError("invalid_value", "output_modalities are ['audio'] or ['text']",
                                     "session.output_modalities")
             new.output_modalities = ("audio",) if "audio" in wanted else ("text",)
         if "voice" in out or "voice" in session:
-            new.voice = str(out.get("voice", session.get("voice")))
-        kame_options = session.get("kame") or {}
-        if not isinstance(kame_options, dict):
-            raise RealtimeError("invalid_value", "session.kame is an object", "session.kame")
+            new.voice = _text(out.get("voice", session.get("voice")), "session.audio.output.voice")
+        kame_options = _obj(session.get("kame"), "session.kame")
         backend = kame_options.get("backend")
-        if backend is not None and backend not in self.services.runtime.profiles:
+        if backend is not None and (not isinstance(backend, str) or backend not in self.services.runtime.profiles):
             raise RealtimeError("invalid_value", f"unknown backend profile {backend!r}; known: "
                                 f"{', '.join(self.services.runtime.profiles)}", "session.kame.backend")
         delay = kame_options.get("oracle_delay_s")
-        if delay is not None and (not isinstance(delay, int | float) or not 0 <= delay <= 30):
-            raise RealtimeError("invalid_value", "oracle_delay_s is between 0 and 30", "session.kame.oracle_delay_s")
+        if delay is not None:
+            delay = _number(delay, 0, 30, "session.kame.oracle_delay_s")
         if "events" in kame_options:
-            new.events = bool(kame_options["events"])
+            new.events = _flag(kame_options["events"], "session.kame.events")
         if "feed_silence" in kame_options:
-            new.feed_silence = bool(kame_options["feed_silence"])
+            new.feed_silence = _flag(kame_options["feed_silence"], "session.kame.feed_silence")
         if "activity" in kame_options:
             if kame_options["activity"] not in ("text", "text+audio"):
                 raise RealtimeError("invalid_value", "activity is 'text' or 'text+audio'", "session.kame.activity")
             new.activity = kame_options["activity"]
         if "quiet_s" in kame_options:
-            quiet = kame_options["quiet_s"]
-            if not isinstance(quiet, int | float) or not 0.16 <= quiet <= 5:
-                raise RealtimeError("invalid_value", "quiet_s is between 0.16 and 5 seconds", "session.kame.quiet_s")
-            new.quiet_s = float(quiet)
+            new.quiet_s = _number(kame_options["quiet_s"], 0.16, 5, "session.kame.quiet_s")
         instructions = session.get("instructions")
         if instructions is not None:
             if not isinstance(instructions, str):
@@ -399,11 +486,17 @@ class RealtimeSession(SocketSession):
             new.instructions = instructions
         tools = session.get("tools")
         if tools is not None:
-            new.tools = list(tools)
+            if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+                raise RealtimeError("invalid_value", "tools is a list of tool objects", "session.tools")
+            new.tools = tools
         if "tool_choice" in session:
-            new.tool_choice = session["tool_choice"]
+            choice = session["tool_choice"]
+            if choice not in ("auto", "none", "required") and not isinstance(choice, dict):
+                raise RealtimeError("invalid_value", "tool_choice is auto, none, required or a tool object",
+                                    "session.tool_choice")
+            new.tool_choice = choice
         if "model" in session:
-            new.model = str(session["model"])
+            new.model = _text(session["model"], "session.model")
         # everything checked: apply
         if new.input_format != self.config.input_format:
             self._decode = new.input_format.decoder()
@@ -413,11 +506,11 @@ class RealtimeSession(SocketSession):
         if backend is not None or instructions is not None:
             tandem.configure(backend=backend, system_prompt=instructions)
         if delay is not None:
-            tandem.set_oracle_delay(float(delay))
+            tandem.set_oracle_delay(delay)
         self._emit("session.updated", session=self._session_with(tandem))
-        if new.tools:
-            self._report("tools_unsupported", f"{len(new.tools)} tools stored, but tool calls are not supported "
-                         "yet: the backend answers without them", "session.tools", event.get("event_id"))
+        if new.tools:  # not an error event: frameworks end their session on one
+            logger.info("session %s: %d tools stored; tool calls are not supported yet, the backend answers "
+                        "without them", self.id, len(new.tools))
 
     def _turn_detection(self, value: object) -> dict | None:
         if value is None:
@@ -428,9 +521,13 @@ class RealtimeSession(SocketSession):
         detection = self._server_vad() | {"type": value["type"]}
         for key in ("create_response", "interrupt_response"):
             if key in value:
-                detection[key] = bool(value[key])
+                detection[key] = _flag(value[key], f"session.audio.input.turn_detection.{key}")
         if value["type"] == "semantic_vad":
-            detection = {"type": "semantic_vad", "eagerness": value.get("eagerness", "auto"),
+            eagerness = value.get("eagerness", "auto")
+            if eagerness not in ("low", "medium", "high", "auto"):
+                raise RealtimeError("invalid_value", "eagerness is low, medium, high or auto",
+                                    "session.audio.input.turn_detection.eagerness")
+            detection = {"type": "semantic_vad", "eagerness": eagerness,
                          "create_response": detection["create_response"],
                          "interrupt_response": detection["interrupt_response"]}
         return detection
@@ -451,25 +548,39 @@ class RealtimeSession(SocketSession):
                 for p in parts):
             raise RealtimeError("invalid_value", "a user message's content is input_text parts (send audio with "
                                 "input_audio_buffer.append)", "item.content")
+        item_id = item.get("id")
+        if item_id is not None and (not isinstance(item_id, str) or not item_id or item_id in self._items):
+            raise RealtimeError("invalid_value", "item.id is a new, non-empty string (or left out)", "item.id")
         tandem.add_user_text(" ".join(p["text"] for p in parts))
-        stored = {"id": item.get("id") or _id("item"), "object": "realtime.item", "type": "message",
+        stored = {"id": item_id or _id("item"), "object": "realtime.item", "type": "message",
                   "role": "user", "status": "completed", "content": parts}
         self._add_item(stored)
 
-    def _add_item(self, item: dict) -> None:
-        previous, self._last_item_id = self._last_item_id, item["id"]
+    def _store(self, item: dict) -> None:
         self._items[item["id"]] = item
         while len(self._items) > MAX_ITEMS:
             self._items.pop(next(iter(self._items)))
+
+    def _add_item(self, item: dict) -> None:
+        previous, self._last_item_id = self._last_item_id, item["id"]
+        self._store(item)
         self._emit("conversation.item.added", previous_item_id=previous, item=item)
         self._emit("conversation.item.done", previous_item_id=previous, item=item)
 
     async def _item_truncate(self, event: dict, tandem: TandemSession) -> None:
         item_id, end_ms = event.get("item_id"), event.get("audio_end_ms")
+        if not isinstance(item_id, str):
+            raise RealtimeError("item_truncate_invalid_item_id", "item_id must be a string", "item_id")
+        live = self._response
+        if live is not None and live.started and live.item_id == item_id:
+            # the client stopped playing it (a barge-in): the response ends here, the rest of the burst unsent
+            self._close_response(live, "cancelled", "turn_detected")
+            self._muted = True
         item = self._items.get(item_id)
         if item is None or item.get("role") != "assistant":
-            raise RealtimeError("item_not_found", f"no assistant item {item_id!r} to truncate", "item_id")
-        if not isinstance(end_ms, int) or end_ms < 0 or end_ms > item["_audio_ms"] + 1:
+            raise RealtimeError("item_truncate_invalid_item_id", f"no assistant item {item_id!r} to truncate",
+                                "item_id")
+        if isinstance(end_ms, bool) or not isinstance(end_ms, int) or end_ms < 0 or end_ms > item["_audio_ms"] + 1:
             raise RealtimeError("invalid_value", f"audio_end_ms must be within the item's {item['_audio_ms']:.0f} ms "
                                 "of audio", "audio_end_ms")
         heard = "".join(text for offset, text in item["_pieces"] if offset <= end_ms).strip()
@@ -477,19 +588,30 @@ class RealtimeSession(SocketSession):
         key = "transcript" if "transcript" in content else "text"
         tandem.truncate_assistant(content[key], heard)
         content[key] = heard
+        item["_audio_ms"] = end_ms  # a later truncate can only cut more
         self._emit("conversation.item.truncated", item_id=item_id, content_index=0, audio_end_ms=end_ms)
 
     async def _item_retrieve(self, event: dict, tandem: TandemSession) -> None:
-        item = self._items.get(event.get("item_id"))
+        item_id = event.get("item_id")
+        live = self._response
+        if isinstance(item_id, str) and live is not None and live.started and live.item_id == item_id:
+            self._emit("conversation.item.retrieved", item=self._assistant_item(live, "in_progress"))
+            return
+        item = self._items.get(item_id) if isinstance(item_id, str) else None
         if item is None:
-            raise RealtimeError("item_not_found", f"no item {event.get('item_id')!r}", "item_id")
+            raise RealtimeError("item_retrieve_invalid_item_id", f"no item {item_id!r}", "item_id")
         self._emit("conversation.item.retrieved", item=_public(item))
 
     async def _response_create(self, event: dict, tandem: TandemSession) -> None:
         if self._response is not None or self._pending is not None:
             raise RealtimeError("conversation_already_has_active_response",
                                 "a response is in progress: cancel it or wait for response.done")
-        response = self._new_response(requested=True)
+        options = _obj(event.get("response"), "response")
+        metadata = options.get("metadata")
+        if metadata is not None and (not isinstance(metadata, dict)
+                                     or not all(isinstance(v, str) for v in metadata.values())):
+            raise RealtimeError("invalid_value", "response.metadata maps strings to strings", "response.metadata")
+        response = self._new_response(requested=True, metadata=metadata)
         kept, self._kept = self._kept, None
         if kept is None or (kept.ended_at is not None
                             and time.monotonic() - kept.ended_at > self.options.response_timeout_s):
@@ -499,11 +621,11 @@ class RealtimeSession(SocketSession):
         self._start_content(response, kept.first_frame)
         pieces = iter(kept.pieces)
         piece = next(pieces, None)
-        for index, pcm in enumerate(kept.frames):
-            while piece is not None and piece[0] <= kept.first_frame + index:
+        for frame, pcm in kept.frames:
+            while piece is not None and piece[0] <= frame:
                 self._send_text(response, *piece)
                 piece = next(pieces, None)
-            self._send_audio(response, pcm, kept.first_frame + 1 + index)
+            self._send_audio(response, pcm, frame)
         for rest in ([piece] if piece else []) + list(pieces):
             self._send_text(response, *rest)
         if kept.ended_at is None:
@@ -514,7 +636,7 @@ class RealtimeSession(SocketSession):
     async def _response_cancel(self, event: dict, tandem: TandemSession) -> None:
         response = self._response or self._pending
         if response is None:
-            raise RealtimeError("response_cancel_not_active", "no response is in progress")
+            raise RealtimeError("response_cancel_not_active", "Cancellation failed: no active response found")
         speaking = response is self._response
         self._close_response(response, "cancelled", "client_cancelled")
         self._muted = self._muted or speaking  # the rest of this burst is not sent
@@ -544,14 +666,13 @@ class RealtimeSession(SocketSession):
             self._emit(f"kame.{wire.type}", **fields)
 
     def _on_audio(self, event: AssistantAudio) -> None:
-        self._last_frame = event.frame
         if self.config.activity == "text+audio" and event.ready and (
                 float(np.sqrt(np.mean(event.pcm ** 2))) >= self._energy):
             self._speech(event.frame)
         if self._response is not None and self._response.started:
             self._send_audio(self._response, event.pcm, event.frame)
         elif self._muted and self._kept is not None and self._kept.ended_at is None:
-            self._kept.frames.append(event.pcm)
+            self._kept.frames.append((event.frame, event.pcm))
         self._check_quiet()
 
     def _on_text(self, event: AssistantText) -> None:
@@ -562,7 +683,7 @@ class RealtimeSession(SocketSession):
             self._kept.pieces.append((event.frame, event.text))
 
     def _send_audio(self, response: _Response, pcm: np.ndarray, frame: int) -> None:
-        if "audio" in self.config.output_modalities:
+        if "audio" in response.modalities:
             # with kame events on, each delta also names the session's frame it is (latency measurements)
             extra = {"kame_frame": frame} if self.config.events else {}
             self._emit("response.output_audio.delta", droppable=True, response_id=response.id,
@@ -573,7 +694,7 @@ class RealtimeSession(SocketSession):
     def _send_text(self, response: _Response, frame: int, text: str) -> None:
         offset = (frame - (response.first_frame if response.first_frame is not None else frame)) * FRAME_S * 1000
         response.pieces.append((offset, text))
-        kind = "response.output_audio_transcript.delta" if "audio" in self.config.output_modalities \
+        kind = "response.output_audio_transcript.delta" if "audio" in response.modalities \
             else "response.output_text.delta"
         self._emit(kind, response_id=response.id, item_id=response.item_id, output_index=0, content_index=0,
                    delta=text)
@@ -624,8 +745,9 @@ class RealtimeSession(SocketSession):
 
     # ---------------------------------------------------------------- responses
 
-    def _new_response(self, requested: bool) -> _Response:
-        response = _Response(_id("resp"), _id("item"), requested, time.monotonic())
+    def _new_response(self, requested: bool, metadata: dict | None = None) -> _Response:
+        response = _Response(_id("resp"), _id("item"), requested, time.monotonic(),
+                             modalities=self.config.output_modalities, metadata=metadata)
         self._emit("response.created", response=self._response_object(response, "in_progress"))
         return response
 
@@ -633,8 +755,8 @@ class RealtimeSession(SocketSession):
         response.started, response.first_frame = True, frame
         item = self._assistant_item(response, "in_progress")
         self._emit("response.output_item.added", response_id=response.id, output_index=0, item=item)
-        previous, self._last_item_id = self._last_item_id, response.item_id
-        self._emit("conversation.item.added", previous_item_id=previous, item=item)
+        response.previous_item_id, self._last_item_id = self._last_item_id, response.item_id
+        self._emit("conversation.item.added", previous_item_id=response.previous_item_id, item=item)
         self._emit("response.content_part.added", response_id=response.id, item_id=response.item_id,
                    output_index=0, content_index=0, part=self._part(response))
 
@@ -647,7 +769,7 @@ class RealtimeSession(SocketSession):
         if response.started:
             common = {"response_id": response.id, "item_id": response.item_id, "output_index": 0,
                       "content_index": 0}
-            if "audio" in self.config.output_modalities:
+            if "audio" in response.modalities:
                 self._emit("response.output_audio.done", **common)
                 self._emit("response.output_audio_transcript.done", transcript=response.transcript, **common)
             else:
@@ -655,21 +777,19 @@ class RealtimeSession(SocketSession):
             self._emit("response.content_part.done", part=self._part(response), **common)
             item = self._assistant_item(response, "completed" if status == "completed" else "incomplete")
             self._emit("response.output_item.done", response_id=response.id, output_index=0, item=item)
-            self._emit("conversation.item.done", previous_item_id=None, item=item)
-            self._items[response.item_id] = item | {"_audio_ms": response.audio_ms, "_pieces": response.pieces}
-            while len(self._items) > MAX_ITEMS:
-                self._items.pop(next(iter(self._items)))
+            self._emit("conversation.item.done", previous_item_id=response.previous_item_id, item=item)
+            self._store(item | {"_audio_ms": response.audio_ms, "_pieces": response.pieces})
             output = [item]
         self._emit("response.done", response=self._response_object(response, status, reason, output))
 
     def _part(self, response: _Response) -> dict:
-        if "audio" in self.config.output_modalities:
+        if "audio" in response.modalities:
             return {"type": "audio", "transcript": response.transcript}
         return {"type": "text", "text": response.transcript}
 
     def _assistant_item(self, response: _Response, status: str) -> dict:
         content = {"type": "output_audio", "transcript": response.transcript} \
-            if "audio" in self.config.output_modalities else {"type": "output_text", "text": response.transcript}
+            if "audio" in response.modalities else {"type": "output_text", "text": response.transcript}
         return {"id": response.item_id, "object": "realtime.item", "type": "message", "role": "assistant",
                 "status": status, "content": [content]}
 
@@ -677,10 +797,11 @@ class RealtimeSession(SocketSession):
                          output: list | None = None) -> dict:
         details = None if status == "in_progress" else {"type": status, "reason": reason}
         return {"id": response.id, "object": "realtime.response", "status": status, "status_details": details,
-                "output": output or [], "output_modalities": list(self.config.output_modalities),
-                "conversation_id": f"conv_{self.id}", "max_output_tokens": "inf", "metadata": None,
+                "output": output or [], "output_modalities": list(response.modalities),
+                "conversation_id": f"conv_{self.id}", "max_output_tokens": "inf", "metadata": response.metadata,
                 "audio": {"output": {"format": self.config.output_format.as_dict(), "voice": self.config.voice}},
-                "usage": None}
+                # no token counts from a speech model: zeros, the shape frameworks read
+                "usage": None if status == "in_progress" else ZERO_USAGE}
 
     # ---------------------------------------------------------------- the user's side
 
@@ -691,7 +812,8 @@ class RealtimeSession(SocketSession):
             if detecting:
                 self._emit("input_audio_buffer.speech_started", audio_start_ms=self._user.start_ms,
                            item_id=self._user.id)
-            if self._response is not None and self._response.started:
+            interrupting = (self.config.turn_detection or {}).get("interrupt_response", True)
+            if interrupting and self._response is not None and self._response.started:
                 self._response.interrupted = True  # barge-in: it ends as cancelled once the front-end yields
         user = self._user
         if not event.final:
@@ -709,13 +831,16 @@ class RealtimeSession(SocketSession):
         elif user.committed:
             self._commit_item(user, [event])
         else:
-            self._uncommitted.append(event)  # the client commits by hand (input_audio_buffer.commit)
+            self._uncommitted.append((user, event))  # the client commits by hand (input_audio_buffer.commit)
 
     def _commit_uncommitted(self) -> None:
-        finals, self._uncommitted = self._uncommitted, []
-        self._commit_item(_UserItem(_id("item"), int(finals[0].start_s * 1000)), finals)
+        held, self._uncommitted = self._uncommitted, []
+        self._commit_item(held[0][0], [final for _, final in held])  # under the first utterance's id
 
     def _commit_item(self, user: _UserItem, finals: list[Transcript]) -> None:
+        user.done = True
+        if self._kept is not None and self._kept.ended_at is not None:
+            self._kept = None  # what the model said before this turn was committed is not its answer
         transcript = " ".join(f.text for f in finals).strip()
         self._emit("input_audio_buffer.committed", previous_item_id=self._last_item_id, item_id=user.id)
         item = {"id": user.id, "object": "realtime.item", "type": "message", "role": "user",
@@ -723,11 +848,11 @@ class RealtimeSession(SocketSession):
         previous, self._last_item_id = self._last_item_id, user.id
         self._emit("conversation.item.added", previous_item_id=previous, item=item)
         if self.config.transcription is not None:
-            seconds = max(0.0, finals[-1].end_s - finals[0].start_s)
+            seconds = max(0.0, finals[-1].end_s - finals[0].start_s) if finals else 0.0
             self._emit("conversation.item.input_audio_transcription.completed", item_id=user.id, content_index=0,
                        transcript=transcript, usage={"type": "duration", "seconds": round(seconds, 3)})
         done = item | {"content": [{"type": "input_audio", "transcript": transcript}]}
-        self._items[user.id] = done
+        self._store(done)
         self._emit("conversation.item.done", previous_item_id=previous, item=done)
 
 

@@ -46,6 +46,7 @@ class Limit(Exception):
 
 class SocketSession:
     transport = "socket"
+    subprotocol: str | None = None  # the websocket subprotocol the upgrade answers with
 
     def __init__(self, ws: WebSocket, services: Services) -> None:
         self.ws, self.services = ws, services

@@ -35,10 +35,6 @@ from .server_harness import wait_until_all_slots_free
 pytestmark = pytest.mark.slow
 EXAMPLE = Path(__file__).parent.parent / "examples" / "pipecat_realtime.py"
 INSTRUCTIONS = "You are the test's assistant. Answer in one short sentence."
-# the server-side gap this test found; once response.done carries a usage object it passes (strict: then it says so)
-USAGE_NULL = ("KAME sends response.usage = null in response.done; pipecat-ai 1.12.0 reads "
-              "evt.response.usage.input_tokens (pipecat/services/openai/realtime/llm.py:1014), so its event reader "
-              "dies at the first response.done")
 
 
 def load_example():
@@ -99,7 +95,6 @@ class Heard(BaseObserver):
                 changed.cancel()
 
 
-@pytest.mark.xfail(strict=True, reason=USAGE_NULL)
 def test_a_pipecat_pipeline_talks_to_kame(tandem_server, scripted_llm, voices):
     url, services = tandem_server
     example = load_example()

@@ -204,7 +204,7 @@ def test_every_bad_event_gets_an_error_and_the_session_goes_on(tandem_server):
         ({"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "c",
                                                        "output": "{}"}}, "tools_unsupported"),
         ({"type": "conversation.item.truncate", "item_id": "item_nope", "content_index": 0,
-          "audio_end_ms": 10}, "item_not_found"),
+          "audio_end_ms": 10}, "item_truncate_invalid_item_id"),
         ({"type": "response.cancel"}, "response_cancel_not_active"),
     ]
 

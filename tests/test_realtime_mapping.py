@@ -214,3 +214,122 @@ def test_beta_clients_get_beta_names(clock):
     names = asyncio.run(go())
     assert "response.audio.delta" in names and "response.audio_transcript.done" in names
     assert "conversation.item.created" in names and "response.output_audio.delta" not in names
+
+
+CRASHERS = [  # shapes no field check foresaw once ended the whole session (found by review)
+    {"type": "session.update", "session": {"output_modalities": True}},
+    {"type": "session.update", "session": {"modalities": 1.5}},
+    {"type": "session.update", "session": {"audio": "x"}},
+    {"type": "session.update", "session": {"audio": {"input": 5}}},
+    {"type": "session.update", "session": {"audio": {"input": ["turn_detection"]}}},
+    {"type": "session.update", "session": {"audio": {"output": "voice"}}},
+    {"type": "session.update", "session": {"tools": True}},
+    {"type": "session.update", "session": {"tools": "abc"}},
+    {"type": "session.update", "session": {"kame": {"backend": ["scripted"]}}},
+    {"type": "session.update", "session": {"kame": {"events": "false"}}},
+    {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {
+        "type": "server_vad", "create_response": "false"}}}}},
+    {"type": "conversation.item.create", "item": {"id": {"a": 1}, "type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "hi"}]}},
+    {"type": "conversation.item.truncate", "item_id": [], "content_index": 0, "audio_end_ms": 0},
+    {"type": "conversation.item.retrieve", "item_id": {"x": 1}},
+    {"type": "response.create", "response": {"metadata": {"k": 1}}},
+]
+
+
+def test_every_odd_shape_is_a_realtime_error_never_a_crash():
+    async def go():
+        rig = Rig()
+        outcomes = []
+        for event in CRASHERS:
+            try:
+                await rig.session._on_message({"text": json.dumps(event)}, rig.tandem)
+                outcomes.append("accepted")
+            except RealtimeError as exc:
+                outcomes.append(exc.code)
+        for text in ("[" * 100000, '{"type": "session.update", "session": {"kame": {"quiet_s": NaN}}}'):
+            with pytest.raises(RealtimeError, match="not JSON"):
+                await rig.session._on_message({"text": text}, rig.tandem)
+        return outcomes, rig
+
+    outcomes, rig = asyncio.run(go())
+    assert outcomes == ["invalid_value"] * len(CRASHERS[:-4]) + [
+        "invalid_value", "item_truncate_invalid_item_id", "item_retrieve_invalid_item_id", "invalid_value"]
+    assert rig.tandem.calls == []  # the bad item never reached the conversation
+
+
+def test_the_playing_item_can_be_truncated_at_a_barge_in(clock):
+    """What Pipecat does on speech_started: truncate the item still being spoken."""
+    async def go():
+        rig = Rig()
+        rig.step(clock, " Paris")
+        rig.step(clock, " is", frames=3)
+        item_id = next(e for e in rig.events() if e["type"] == "response.output_item.added")["item"]["id"]
+        await rig.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
+                        "audio_end_ms": 80})
+        closing = rig.events()
+        rig.step(clock, " the", frames=2)  # the model goes on a moment: not sent
+        return closing, rig.events(), rig.tandem.calls
+
+    closing, after, calls = asyncio.run(go())
+    done = next(e for e in closing if e["type"] == "response.done")["response"]
+    assert (done["status"], done["status_details"]["reason"]) == ("cancelled", "turn_detected")
+    assert closing[-1]["type"] == "conversation.item.truncated"
+    assert calls == [("truncate", "Paris is", "Paris is")]  # both pieces came within the first 80 ms
+    assert after == []
+
+
+def test_response_done_has_a_usage_object_and_echoes_metadata(clock):
+    async def go():
+        rig = Rig()
+        await rig.send({"type": "response.create", "response": {"metadata": {"client_event_id": "abc"}}})
+        rig.step(clock, " Paris")
+        rig.quiet(clock)
+        return rig.events()
+
+    events = asyncio.run(go())
+    created = events[0]["response"]
+    done = next(e for e in events if e["type"] == "response.done")["response"]
+    assert created["metadata"] == done["metadata"] == {"client_event_id": "abc"}
+    assert created["usage"] is None and done["usage"]["input_tokens"] == 0
+
+
+def test_push_to_talk_transcripts_keep_one_item_id_and_a_stale_burst_is_not_the_answer(clock):
+    async def go():
+        rig = Rig()
+        await rig.send({"type": "session.update", "session": {"type": "realtime",
+                                                             "audio": {"input": {"turn_detection": None}}}})
+        rig.step(clock, " mm-hm")  # a backchannel while the user talks, nobody asked for it
+        rig.quiet(clock)
+        rig.hear("what is", final=False)
+        rig.hear("what is the capital", final=True)
+        await rig.send({"type": "input_audio_buffer.commit"})
+        await rig.send({"type": "response.create"})
+        return rig.events()
+
+    events = asyncio.run(go())
+    delta = next(e for e in events if e["type"] == "conversation.item.input_audio_transcription.delta")
+    committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
+    assert delta["item_id"] == committed["item_id"]
+    assert types(events)[-1] == "response.created"  # waiting for the answer, not releasing "mm-hm"
+    assert "response.output_audio_transcript.delta" not in types(events)
+
+
+def test_silence_is_fed_only_when_the_clients_audio_falls_behind_the_clock(clock):
+    async def go():
+        rig = Rig()
+        session = rig.session
+        clock.now += 0.5  # the grace for configuring the session
+        fed = []
+        for _ in range(4):  # a client sending 1 s chunks in real time: never padded
+            session._pushed_s += 1.0
+            for _tick in range(12):
+                clock.now += 1 / 12
+                fed.append(session._silence_due())
+        streaming = sum(fed)
+        clock.now += 1.0  # then it stops sending
+        waiting = sum(session._silence_due() for _ in range(20))
+        return streaming, waiting
+
+    streaming, waiting = asyncio.run(go())
+    assert streaming == 0 and waiting >= 8
