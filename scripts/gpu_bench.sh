@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-bench}
 mkdir -p "$OUT"
 python3 -m venv .venv-gpu && . .venv-gpu/bin/activate
-pip install -q -e ".[gpu]" 2>&1 | tail -2
+pip install -q -e . 2>&1 | tail -2  # bitsandbytes (for --quantize int8) comes with moshi on Linux
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 # the checks only a GPU can make (CUDA graphs with per-session sampling, int8 weights)
 pip install -q pytest pytest-timeout hypothesis 2>&1 | tail -1

@@ -33,7 +33,7 @@ def pip_installs(command: str) -> list[list[str]]:
 
 
 def base(spec: str) -> str:
-    """A requirement without its extras: `.[gpu]` -> `.`."""
+    """A requirement without its extras: `.[eval]` -> `.`."""
     return re.sub(r"\[.*\]$", "", spec)
 
 

@@ -157,7 +157,8 @@ def check_quantize(quantize: str | None, device: torch.device) -> None:
         import bitsandbytes  # noqa: F401
     except ImportError as exc:
         raise FrontendLoadError(
-            f"--quantize {quantize} needs bitsandbytes: pip install -e \".[gpu]\" (or pip install bitsandbytes)"
+            f"--quantize {quantize} needs bitsandbytes (moshi installs it on Linux): "
+            "pip install 'bitsandbytes>=0.45,<0.50'"
         ) from exc
 
 
