@@ -257,7 +257,8 @@ class TandemSession:
         if not text:
             raise SessionError("an empty user message")
         audio_s = self._samples_in / SAMPLE_RATE
-        self._answer_after_epoch = self.planner.epoch
+        # the oracle lead of its answer counts from now, the end of the user's input
+        self._speech_end, self._answer_after_epoch = time.monotonic(), self.planner.epoch
         self.planner.on_transcript(FinalTranscript(text, audio_s, audio_s))
 
     def truncate_assistant(self, said: str, heard: str) -> bool:
