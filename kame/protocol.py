@@ -78,6 +78,7 @@ class ReadyEvent(_Event):
     audio: Literal["opus", "pcm"] = "opus"
     sample_rate: int = SAMPLE_RATE
     frame_size: int = FRAME_SIZE
+    replica: str | None = None  # behind `kame serve --ray`: the replica (engine) serving the session
 
 
 class TranscriptEvent(_Event):

@@ -34,6 +34,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="keep each session's audio and events in DIR (stores users' voices: off by default)")
     serve.add_argument("--auth-token", action="append", default=None, metavar="TOKEN",
                        help="accept clients with this bearer token (repeatable); required off loopback")
+    ray = serve.add_argument_group("Ray Serve", "--ray: one engine replica per GPU behind one endpoint "
+                                   "(pip install -e '.[ray]'; docs/scaling.md)")
+    ray.add_argument("--ray", action="store_true", help="serve on Ray Serve; every other flag means what it "
+                     "means without it, per replica (--max-sessions: slots per replica)")
+    ray.add_argument("--replicas", type=int, default=None, help="engine replicas (default 1)")
+    ray.add_argument("--autoscale", default=None, metavar="MIN,MAX", help="autoscale between MIN and MAX replicas "
+                     "on held sessions, instead of --replicas")
+    ray.add_argument("--ray-address", default=None, help="a running Ray cluster (default: start a local one)")
     serve.set_defaults(func=run_serve)
 
 
@@ -49,6 +57,8 @@ def run_serve(args: argparse.Namespace) -> int:
         quantize=args.quantize, max_sessions=args.max_sessions, asr=args.asr, asr_model=args.asr_model, llm=args.llm,
         llm_base_url=args.llm_base_url, llm_model=args.llm_model, llm_api_key_env=args.llm_api_key_env,
         auth_tokens=args.auth_token, record_dir=args.record)
+    if args.ray or args.replicas or args.autoscale or args.ray_address:
+        return _run_ray(args, settings)
     services = Services.start(settings)  # load and warm everything before the port opens
     # uvicorn's legacy websockets implementation: its sans-io successor logs a spurious error after
     # the HTTP 503 denial response that refuses a session when all slots are busy
@@ -74,3 +84,35 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
+
+
+def _run_ray(args: argparse.Namespace, settings) -> int:
+    from kame.errors import KameError
+
+    if not args.ray:
+        raise KameError("--replicas, --autoscale and --ray-address go with --ray")
+    if args.replicas is not None and args.autoscale is not None:
+        raise KameError("--replicas or --autoscale, not both")
+    autoscale = None
+    if args.autoscale is not None:
+        try:
+            low, high = (int(x) for x in args.autoscale.split(","))
+        except ValueError as exc:
+            raise KameError(f"--autoscale is MIN,MAX, two whole numbers, not {args.autoscale!r}") from exc
+        if not 0 <= low <= high or high < 1:
+            raise KameError(f"--autoscale needs 0 <= MIN <= MAX and MAX >= 1, not {args.autoscale!r}")
+        autoscale = (low, high)
+    if args.replicas is not None and args.replicas < 1:
+        raise KameError("--replicas must be at least 1")
+    try:
+        import ray  # noqa: F401
+        from ray import serve  # noqa: F401
+    except ImportError as exc:
+        raise KameError("--ray needs Ray Serve: pip install -e '.[ray]'") from exc
+    from kame.frontend.loader import resolve_device
+    from server.ray_serve import RayOptions, serve_until_signalled
+
+    cuda = resolve_device(settings.device).type == "cuda"
+    options = RayOptions(replicas=args.replicas or 1, autoscale=autoscale, address=args.ray_address)
+    return serve_until_signalled(settings, options, cuda)
+

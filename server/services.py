@@ -29,4 +29,7 @@ class Services:
         return cls(settings, runtime, metrics)
 
     def health(self) -> dict:
-        return self.runtime.health()
+        health = self.runtime.health()
+        if self.settings.replica:
+            health["replica"] = self.settings.replica
+        return health

@@ -108,7 +108,7 @@ class Session(SocketSession):
         self._event(ReadyEvent(
             session_id=self.id, frontend=runtime.frontend.source, asr=runtime.asr.name, backend=tandem.backend,
             backends=list(runtime.profiles), system_prompt=tandem.planner.system_prompt,
-            audio=self.options.audio))
+            audio=self.options.audio, replica=self.settings.replica))
 
     def _metadata(self, tandem: TandemSession) -> dict:
         """The kind-4 message: the facts Moshi's servers send (its web client shows them), and ours."""

@@ -108,6 +108,7 @@ class ServerSettings(BaseSettings):
     whisper: WhisperSettings = Field(default_factory=WhisperSettings)
     kyutai_stt: KyutaiSttSettings = Field(default_factory=KyutaiSttSettings)
     realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
+    replica: str | None = Field(None, exclude=True)  # set by `kame serve --ray` in each replica: its stable id
     engine_clock: Literal["tick", "eager"] = "tick"  # tick: one batched step per 80 ms frame for every session
     jitter_frames: int = Field(3, ge=0)  # input frames a session may queue before it skips to live (tick)
     batch_window_ms: float = Field(20.0, ge=0, le=80)  # eager clock: how long a ready session waits for the others
