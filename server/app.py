@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -79,14 +79,21 @@ class DrainingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def create_app(settings: ServerSettings, services: Services | None = None) -> FastAPI:
-    """The app; it loads its services at start-up unless `services` are given (tests)."""
+def create_app(settings: ServerSettings, services: Services | None = None,
+               on_ready: Callable[[FastAPI], object] | None = None,
+               health_extra: Callable[[], Awaitable[dict]] | None = None) -> FastAPI:
+    """The app; it loads its services at start-up unless `services` are given (tests).
+
+    `on_ready(app)` runs on the app's loop once the services are up (Ray replicas start their
+    reporting there); `health_extra()` adds to /healthz (the cluster's replicas)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.services = services or await asyncio.to_thread(Services.start, settings)
         logger.info("ready: ws://%s:%d/api/chat and ws://%s:%d/v1/realtime", settings.host, settings.port,
                     settings.host, settings.port)
+        if on_ready is not None:
+            on_ready(app)
         try:
             yield
         finally:
@@ -104,7 +111,7 @@ def create_app(settings: ServerSettings, services: Services | None = None) -> Fa
         current: Services | None = app.state.services
         if current is None:
             return JSONResponse({"status": "loading"}, status_code=503)
-        return JSONResponse(current.health())
+        return JSONResponse(current.health() | (await health_extra() if health_extra is not None else {}))
 
     @app.get("/metrics")
     async def metrics() -> Response:

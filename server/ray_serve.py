@@ -14,6 +14,7 @@ needs protobuf < 7): docs/scaling.md.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import signal
@@ -26,6 +27,42 @@ logger = logging.getLogger(__name__)
 
 HEADROOM = 4  # requests a replica takes beyond its slots: refusals, /healthz, /metrics, the page
 APP_NAME = "kame"
+REGISTRY = "kame-registry"  # the named actor where replicas report their free slots ...
+NAMESPACE = "kame"  # ... in a namespace of its own (Serve's replicas run in "serve")
+REPORT_S = 1.0  # how often a replica reports (and looks for a drain)
+STALE_S = 5.0  # a replica not heard from this long is left out of /healthz
+
+
+class Registry:
+    """A small Ray actor: each replica's last report (free slots, sessions), and the drain flag that
+    SIGTERM of `kame serve --ray` sets so that every replica tells its sessions, as one server would."""
+
+    def __init__(self) -> None:
+        self.replicas: dict[str, dict] = {}
+        self.draining = False
+
+    def report(self, replica: str, figures: dict) -> bool:
+        """A replica's figures; the answer: should it drain?"""
+        import time
+
+        self.replicas[replica] = figures | {"replica": replica, "at": time.time()}
+        return self.draining
+
+    def forget(self, replica: str) -> None:
+        self.replicas.pop(replica, None)
+
+    def snapshot(self) -> list[dict]:
+        import time
+
+        now = time.time()
+        return sorted(({k: v for k, v in r.items() if k != "at"} for r in self.replicas.values()
+                       if now - r["at"] <= STALE_S), key=lambda r: r["replica"])
+
+    def drain(self) -> None:
+        self.draining = True
+
+
+_registry = None  # the driver's handle of the Registry actor
 
 
 @dataclass(frozen=True)
@@ -43,6 +80,7 @@ def slots_of(settings: ServerSettings, cuda: bool) -> int:
 
 def build_app(settings: ServerSettings):
     """The ingress builder: runs in each replica, where it names the replica in the settings."""
+    import ray
     from ray import serve
 
     from server.app import create_app
@@ -52,7 +90,36 @@ def build_app(settings: ServerSettings):
     # behind the proxy every client has the proxy's address: the per-address limit would count them
     # all as one (Ray Serve passes no client address on)
     settings = settings.model_copy(update={"replica": replica, "max_connections_per_ip": 1_000_000})
-    return create_app(settings)
+    registry = ray.get_actor(REGISTRY, namespace=NAMESPACE)
+
+    def on_ready(app) -> None:
+        app.state.reporter = asyncio.get_running_loop().create_task(_report(app, replica, registry))
+
+    async def cluster() -> dict:
+        try:
+            return {"replicas": await asyncio.wait_for(registry.snapshot.remote(), 2.0)}
+        except Exception as exc:  # the registry gone or slow: this replica's own health still answers
+            logger.warning("the replica registry did not answer: %s", exc)
+            return {"replicas": None}
+
+    return create_app(settings, on_ready=on_ready, health_extra=cluster)
+
+
+async def _report(app, replica: str, registry) -> None:
+    """Every REPORT_S: this replica's free slots to the registry; when it says drain, drain."""
+    drained = False
+    while True:
+        services = app.state.services
+        figures = {"free_slots": services.runtime.runner.free_slots,
+                   "max_sessions": services.runtime.engine.batch_size, "sessions": len(app.state.sessions)}
+        try:
+            if await registry.report.remote(replica, figures) and not drained:
+                drained = True
+                logger.info("replica %s: the server is stopping, telling its sessions", replica)
+                await app.state.drain()
+        except Exception as exc:  # keep serving sessions whatever happens to the registry
+            logger.warning("replica %s could not report: %s", replica, exc)
+        await asyncio.sleep(REPORT_S)
 
 
 def deployment(settings: ServerSettings, options: RayOptions, cuda: bool):
@@ -91,6 +158,9 @@ def start(settings: ServerSettings, options: RayOptions, cuda: bool) -> None:
     if not ray.is_initialized():
         ray.init(address=options.address, num_cpus=options.local_cpus if options.address is None else None,
                  include_dashboard=False, log_to_driver=False)
+    global _registry  # held here: an actor nobody holds a handle to is collected
+    _registry = ray.remote(num_cpus=0)(Registry).options(name=REGISTRY, namespace=NAMESPACE,
+                                                        get_if_exists=True).remote()
     serve.start(http_options={"host": settings.host, "port": settings.port})
     serve.run(deployment(settings, options, cuda), name=APP_NAME, route_prefix="/")
     logger.info("ready on Ray Serve: ws://%s:%d/api/chat and /v1/realtime, %s", settings.host, settings.port,
@@ -98,13 +168,26 @@ def start(settings: ServerSettings, options: RayOptions, cuda: bool) -> None:
                 else f"{options.replicas} replicas")
 
 
-def stop() -> None:
-    """Remove the application (each replica waits for its sessions, then drains), then Serve and Ray."""
+def stop(drain_s: float | None = None) -> None:
+    """Stop like the single server: every replica tells its sessions the server is stopping and gives
+    them `drain_s` (default: the settings' shutdown_timeout_s, known to the replicas) to end; then the
+    application, Serve and Ray go."""
+    import time
+
     import ray
     from ray import serve
 
+    if not ray.is_initialized():
+        return  # stopped already
+    registry = ray.get_actor(REGISTRY, namespace=NAMESPACE)
+    ray.get(registry.drain.remote())
+    deadline = time.monotonic() + (drain_s if drain_s is not None else 15.0)
+    while time.monotonic() < deadline and any(r["sessions"] for r in ray.get(registry.snapshot.remote())):
+        time.sleep(0.2)
+    global _registry
     serve.delete(APP_NAME)
     serve.shutdown()
+    _registry = None
     ray.shutdown()
 
 
@@ -116,5 +199,5 @@ def serve_until_signalled(settings: ServerSettings, options: RayOptions, cuda: b
     start(settings, options, cuda)
     done.wait()
     logger.info("stopping: sessions are told and given time to end")
-    stop()
+    stop(settings.shutdown_timeout_s + 2 * REPORT_S)
     return 0

@@ -83,7 +83,10 @@ def test_sessions_spread_over_replicas_and_a_fifth_is_refused_at_once(cluster):
         with pytest.raises(ServerBusy) as busy:
             await KameClient.connect(url, events=True, open_timeout=20)
         refused_in = time.monotonic() - refused_in
-        health = await asyncio.to_thread(healthz, base)  # every slot held: the headroom answers
+        # every slot held: the headroom answers, and lists both replicas, full
+        await wait_until(lambda: [r["free_slots"] for r in healthz(base)["replicas"]] == [0, 0],
+                         "/healthz listing two full replicas", 15)
+        health = await asyncio.to_thread(healthz, base)
         await asyncio.gather(*(t.talk() for t in talkers))
         for t in talkers:
             await t.close()
@@ -95,6 +98,8 @@ def test_sessions_spread_over_replicas_and_a_fifth_is_refused_at_once(cluster):
     assert all(t.back >= 5 + FRAMES for t in talkers)  # each heard every frame it sent, back
     assert "busy" in str(busy) and refused_in < 5  # the app's own 503, not Ray's 500 or its queue
     assert health["status"] == "ready" and health["replica"] in replicas and health["free_slots"] == 0
+    assert {r["replica"] for r in health["replicas"]} == set(replicas)
+    assert all(r["max_sessions"] == 2 and r["sessions"] == 2 for r in health["replicas"])
 
 
 def test_a_replica_scaled_away_keeps_its_session_until_it_ends(cluster):
@@ -148,3 +153,21 @@ def test_a_replica_scaled_away_keeps_its_session_until_it_ends(cluster):
     assert len({t.replica for t in talkers}) == 2
     assert all(back >= 5 + FRAMES for back in backs)  # none was cut off by the downscale
     assert replicas == {"RUNNING": 1}  # and once they ended, the replica went
+
+
+def test_stopping_tells_every_session_like_the_single_server(cluster):
+    """What SIGTERM of `kame serve --ray` does (last in this module: the cluster is gone after it)."""
+    settings, url, base = cluster
+
+    async def go():
+        talker = await Talker.open(url)
+        await talker.talk(5)
+        stopping = asyncio.ensure_future(asyncio.to_thread(ray_serve.stop, 10.0))
+        await asyncio.wait_for(talker.task, 20)  # the server closes it
+        code, reason = talker.client.close_code, talker.client.ws.close_reason
+        await stopping
+        return code, reason
+
+    code, reason = asyncio.run(go())
+    assert code == 1001 and "shutting down" in reason
+
