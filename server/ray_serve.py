@@ -179,24 +179,32 @@ def stop(drain_s: float | None = None) -> None:
 
     if not ray.is_initialized():
         return  # stopped already
-    registry = ray.get_actor(REGISTRY, namespace=NAMESPACE)
-    ray.get(registry.drain.remote())
-    deadline = time.monotonic() + (drain_s if drain_s is not None else 15.0)
-    while time.monotonic() < deadline and any(r["sessions"] for r in ray.get(registry.snapshot.remote())):
-        time.sleep(0.2)
-    global _registry
+    try:  # the handle this driver holds: looking the actor up again can hang while Ray stops
+        registry = _registry or ray.get_actor(REGISTRY, namespace=NAMESPACE)
+        ray.get(registry.drain.remote(), timeout=5)
+        deadline = time.monotonic() + (drain_s if drain_s is not None else 15.0)
+        while time.monotonic() < deadline and any(
+                r["sessions"] for r in ray.get(registry.snapshot.remote(), timeout=5)):
+            time.sleep(0.2)
+    except Exception as exc:  # Ray itself going away: stop what is left
+        logger.warning("could not drain through the registry: %s", exc)
     serve.delete(APP_NAME)
     serve.shutdown()
-    _registry = None
+    _forget_registry()
     ray.shutdown()
+
+
+def _forget_registry() -> None:
+    global _registry
+    _registry = None
 
 
 def serve_until_signalled(settings: ServerSettings, options: RayOptions, cuda: bool) -> int:
     """`kame serve --ray`: run until SIGINT/SIGTERM, then drain like the single server."""
     done = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: done.set())
     start(settings, options, cuda)
+    for signum in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs handlers of its own
+        signal.signal(signum, lambda *_: done.set())
     done.wait()
     logger.info("stopping: sessions are told and given time to end")
     stop(settings.shutdown_timeout_s + 2 * REPORT_S)
