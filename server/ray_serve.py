@@ -209,3 +209,21 @@ def serve_until_signalled(settings: ServerSettings, options: RayOptions, cuda: b
     logger.info("stopping: sessions are told and given time to end")
     stop(settings.shutdown_timeout_s + 2 * REPORT_S)
     return 0
+
+
+def app(args: dict):
+    """The application builder for `serve deploy` and KubeRay (deploy/ray/serve.yaml): `args` are
+    {"config": TOML path (optional), "replicas": N | "autoscale": [MIN, MAX]}; the rest of the settings
+    come from the config file and KAME_* variables, as for `kame serve`."""
+    import ray
+
+    from kame.frontend.loader import resolve_device
+    from server.settings import load_settings
+
+    settings = load_settings(args.get("config"))
+    autoscale = tuple(args["autoscale"]) if args.get("autoscale") else None
+    options = RayOptions(replicas=int(args.get("replicas", 1)), autoscale=autoscale)
+    if ray.is_initialized():  # no driver holds the registry here: it lives on its own
+        ray.remote(num_cpus=0)(Registry).options(name=REGISTRY, namespace=NAMESPACE, get_if_exists=True,
+                                                 lifetime="detached").remote()
+    return deployment(settings, options, cuda=resolve_device(settings.device).type == "cuda")
