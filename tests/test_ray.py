@@ -171,3 +171,16 @@ def test_stopping_tells_every_session_like_the_single_server(cluster):
     code, reason = asyncio.run(go())
     assert code == 1001 and "shutting down" in reason
 
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--replicas", "2"], "go with --ray"),
+    (["--ray", "--replicas", "2", "--autoscale", "1,2"], "not both"),
+    (["--ray", "--autoscale", "three"], "two whole numbers"),
+    (["--ray", "--autoscale", "3,1"], "MIN <= MAX"),
+])
+def test_ray_flags_are_checked_with_one_line(flags, message, capsys):
+    from kame.cli import main
+
+    assert main(["serve", "--asr", "none", *flags]) == 2
+    assert message in capsys.readouterr().err
