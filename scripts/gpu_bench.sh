@@ -2,7 +2,8 @@
 # GPU benchmark in one command (about 8 minutes on one H200): installs the project, then
 #  1. the front-end engine: Moshi 7B architecture (random weights), bf16, CUDA graphs, batch 1/8/32/64;
 #  2. the same in int8 (--quantize int8, bitsandbytes), batch 1/8/32: memory, step time, sessions that fit;
-#  3. the whole server under load: kame serve on that model, N real-time sessions (1, 8, 32, 64).
+#  3. the whole server under load: kame serve on that model, N real-time sessions (1, 8, 32, 64);
+#  4. with two GPUs: two replicas behind kame serve --ray, the same load.
 # Writes $OUT (default ./gpu-bench)/{frontend.json, frontend-int8.json, fit.md, load.json, report.md}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,6 +50,18 @@ timeout 200 kame bench load --url "ws://127.0.0.1:$PORT/api/chat" --levels 1,8,3
 kill -INT $SERVER; wait $SERVER || true
 trap - EXIT
 
+# two engine replicas behind Ray Serve's proxy, on a machine with two GPUs (prepared; skipped on one)
+if [ "$(nvidia-smi --list-gpus | wc -l)" -ge 2 ]; then
+    pip install -q -e ".[ray]" 2>&1 | tail -1
+    KAME_PORT=$PORT kame serve --ray --replicas 2 --frontend moshi-7b-random --device cuda --asr none --llm local \
+        --max-sessions 32 >"$OUT/serve-ray.log" 2>&1 &
+    RAYSERVER=$!
+    for _ in $(seq 300); do curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break; sleep 1; done
+    timeout 200 kame bench load --url "ws://127.0.0.1:$PORT/api/chat" --levels 1,8,32,64 --seconds 10 \
+        --json-out "$OUT/load-ray.json" | tee "$OUT/load-ray.md" || true
+    kill -INT $RAYSERVER; wait $RAYSERVER || true
+fi
+
 {
   echo "# GPU benchmark ($(cat "$OUT/gpu.txt"))"
   echo; echo "## GPU tests"; echo; tail -3 "$OUT/gpu-tests.txt"
@@ -56,5 +69,8 @@ trap - EXIT
   echo; echo "## Front-end engine, int8"; echo; grep -E '^\||^front-end' "$OUT/frontend-int8.md" || true
   echo; echo "## Sessions that fit (95 % of the card)"; echo; cat "$OUT/fit.md"
   echo; echo "## Server under load"; echo; grep -E '^\||^largest' "$OUT/load.md"
+  if [ -f "$OUT/load-ray.md" ]; then
+    echo; echo "## Two replicas behind Ray Serve"; echo; grep -E '^\||^largest' "$OUT/load-ray.md"
+  fi
 } > "$OUT/report.md"
 cat "$OUT/report.md"
