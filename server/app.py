@@ -81,11 +81,13 @@ class DrainingServer(uvicorn.Server):
 
 def create_app(settings: ServerSettings, services: Services | None = None,
                on_ready: Callable[[FastAPI], object] | None = None,
-               health_extra: Callable[[], Awaitable[dict]] | None = None) -> FastAPI:
+               health_extra: Callable[[], Awaitable[dict]] | None = None,
+               metrics_source: Callable[[], Awaitable[bytes]] | None = None) -> FastAPI:
     """The app; it loads its services at start-up unless `services` are given (tests).
 
     `on_ready(app)` runs on the app's loop once the services are up (Ray replicas start their
-    reporting there); `health_extra()` adds to /healthz (the cluster's replicas)."""
+    reporting there); `health_extra()` adds to /healthz (the cluster's replicas); `metrics_source()`
+    replaces /metrics' own figures (the cluster's, each replica's labelled)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -118,7 +120,8 @@ def create_app(settings: ServerSettings, services: Services | None = None,
         current: Services | None = app.state.services
         if current is None:
             return PlainTextResponse("loading\n", status_code=503)
-        return Response(current.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        body = await metrics_source() if metrics_source is not None else current.metrics.render()
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     access = AccessControl(settings)
     codec = CodecThread()

@@ -39,17 +39,29 @@ class Registry:
 
     def __init__(self) -> None:
         self.replicas: dict[str, dict] = {}
+        self.metrics: dict[str, bytes] = {}
         self.draining = False
 
-    def report(self, replica: str, figures: dict) -> bool:
-        """A replica's figures; the answer: should it drain?"""
+    def report(self, replica: str, figures: dict, metrics: bytes = b"") -> bool:
+        """A replica's figures and its Prometheus text; the answer: should it drain?"""
         import time
 
         self.replicas[replica] = figures | {"replica": replica, "at": time.time()}
+        self.metrics[replica] = metrics
         return self.draining
+
+    def metrics_text(self) -> bytes:
+        """Every live replica's metrics in one exposition, each sample labelled with its replica."""
+        import time
+
+        now = time.time()
+        live = {name: text for name, text in self.metrics.items()
+                if name in self.replicas and now - self.replicas[name]["at"] <= STALE_S}
+        return merge_metrics(live)
 
     def forget(self, replica: str) -> None:
         self.replicas.pop(replica, None)
+        self.metrics.pop(replica, None)
 
     def snapshot(self) -> list[dict]:
         import time
@@ -102,7 +114,42 @@ def build_app(settings: ServerSettings):
             logger.warning("the replica registry did not answer: %s", exc)
             return {"replicas": None}
 
-    return create_app(settings, on_ready=on_ready, health_extra=cluster)
+    async def cluster_metrics() -> bytes:
+        try:
+            return await asyncio.wait_for(registry.metrics_text.remote(), 2.0)
+        except Exception as exc:
+            logger.warning("the replica registry did not answer: %s", exc)
+            return b"# the cluster's figures are unavailable: the registry did not answer\n"
+
+    return create_app(settings, on_ready=on_ready, health_extra=cluster, metrics_source=cluster_metrics)
+
+
+def merge_metrics(texts: dict[str, bytes]) -> bytes:
+    """Prometheus expositions of several replicas as one: each family's HELP and TYPE once, then its
+    samples from every replica, each with a `replica` label (figures up to REPORT_S old)."""
+    families: dict[str, dict] = {}  # name -> {"head": [HELP, TYPE lines], "samples": [...]}
+    for replica, text in sorted(texts.items()):
+        current = None
+        for line in text.decode().splitlines():
+            if line.startswith(("# HELP ", "# TYPE ")):
+                current = line.split()[2]
+                family = families.setdefault(current, {"head": [], "samples": []})
+                if line not in family["head"]:
+                    family["head"].append(line)
+            elif line and not line.startswith("#") and current is not None:
+                families[current]["samples"].append(_with_label(line, "replica", replica))
+    out = [line for family in families.values() for line in family["head"] + family["samples"]]
+    return ("\n".join(out) + "\n").encode()
+
+
+def _with_label(sample: str, key: str, value: str) -> str:
+    """`name{a="b"} 1.0` -> `name{key="value",a="b"} 1.0`; `name 1.0` -> `name{key="value"} 1.0`."""
+    label = f'{key}="{value}"'
+    name_end = min(i for i in (sample.find("{"), sample.find(" ")) if i >= 0)
+    if sample[name_end] == "{":
+        inner = sample[name_end + 1:]
+        return f"{sample[:name_end]}{{{label}{'' if inner.startswith('}') else ','}{inner}"
+    return f"{sample[:name_end]}{{{label}}}{sample[name_end:]}"
 
 
 async def _report(app, replica: str, registry) -> None:
@@ -113,7 +160,7 @@ async def _report(app, replica: str, registry) -> None:
         figures = {"free_slots": services.runtime.runner.free_slots,
                    "max_sessions": services.runtime.engine.batch_size, "sessions": len(app.state.sessions)}
         try:
-            if await registry.report.remote(replica, figures) and not drained:
+            if await registry.report.remote(replica, figures, services.metrics.render()) and not drained:
                 drained = True
                 logger.info("replica %s: the server is stopping, telling its sessions", replica)
                 await app.state.drain()

@@ -87,12 +87,13 @@ def test_sessions_spread_over_replicas_and_a_fifth_is_refused_at_once(cluster):
         await wait_until(lambda: [r["free_slots"] for r in healthz(base)["replicas"]] == [0, 0],
                          "/healthz listing two full replicas", 15)
         health = await asyncio.to_thread(healthz, base)
+        metrics = await asyncio.to_thread(lambda: urllib.request.urlopen(f"{base}/metrics", timeout=10).read())
         await asyncio.gather(*(t.talk() for t in talkers))
         for t in talkers:
             await t.close()
-        return talkers, busy.value, refused_in, health
+        return talkers, busy.value, refused_in, health, metrics
 
-    talkers, busy, refused_in, health = asyncio.run(go())
+    talkers, busy, refused_in, health, metrics = asyncio.run(go())
     replicas = [t.replica for t in talkers]
     assert len(set(replicas)) == 2 and sorted(replicas.count(r) for r in set(replicas)) == [2, 2]
     assert all(t.back >= 5 + FRAMES for t in talkers)  # each heard every frame it sent, back
@@ -100,6 +101,12 @@ def test_sessions_spread_over_replicas_and_a_fifth_is_refused_at_once(cluster):
     assert health["status"] == "ready" and health["replica"] in replicas and health["free_slots"] == 0
     assert {r["replica"] for r in health["replicas"]} == set(replicas)
     assert all(r["max_sessions"] == 2 and r["sessions"] == 2 for r in health["replicas"])
+    # /metrics through the proxy: the whole cluster's, each sample labelled with its replica
+    from prometheus_client.parser import text_string_to_metric_families
+
+    active = {s.labels["replica"]: s.value for family in text_string_to_metric_families(metrics.decode())
+              if family.name == "kame_active_sessions" for s in family.samples}
+    assert active == {replica: 2.0 for replica in set(replicas)}
 
 
 def test_a_replica_scaled_away_keeps_its_session_until_it_ends(cluster):
