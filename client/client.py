@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -16,6 +17,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from kame.codec import OpusDecoder, OpusEncoder, pcm16_decode, pcm16_encode
 from kame.errors import KameError
 from kame.protocol import (
+    FRAME_SIZE,
+    SAMPLE_RATE,
     ConfigureMessage,
     Kind,
     ProtocolError,
@@ -103,6 +106,31 @@ def _refusal(status: int, body: bytes | None) -> ServerRefused:
     return ServerBusy(reason, status) if status in (429, 503) else ServerRefused(reason, status)
 
 
+@contextlib.contextmanager
+def opening(url: str):
+    """Around a websocket upgrade: a refusal as ServerBusy/ServerRefused with the server's reason, a
+    server that cannot be reached as ServerUnreachable (every client of both endpoints)."""
+    try:
+        yield
+    except InvalidStatus as exc:
+        raise _refusal(exc.response.status_code, exc.response.body) from exc
+    except (OSError, TimeoutError) as exc:
+        raise ServerUnreachable(f"cannot reach the server at {url.split('?')[0]}: {exc}") from exc
+
+
+async def send_paced(send: Callable[[np.ndarray], Awaitable[object]], pcm: np.ndarray,
+                     chunk: int = FRAME_SIZE) -> tuple[float, float]:
+    """`send` each `chunk` of `pcm` (24 kHz) at real-time pace, on an absolute schedule (no drift);
+    the (start, end) times."""
+    start = time.monotonic()
+    for index in range(0, len(pcm), chunk):
+        await send(pcm[index:index + chunk])
+        delay = start + (index + chunk) / SAMPLE_RATE - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+    return start, time.monotonic()
+
+
 class KameClient:
     def __init__(self, ws, audio: str) -> None:
         self.ws, self.audio = ws, audio
@@ -114,13 +142,9 @@ class KameClient:
                       open_timeout: float = 30.0, options: dict | None = None) -> KameClient:
         """Connect and wait for the server's handshake. `options`: more query parameters
         (`asr=off`, `oracle_delay=SECONDS`, `token=...`)."""
-        try:
+        with opening(url):
             ws = await websockets.connect(session_url(url, events, audio, backend, options),
                                           open_timeout=open_timeout, max_size=None)
-        except InvalidStatus as exc:
-            raise _refusal(exc.response.status_code, exc.response.body) from exc
-        except (OSError, TimeoutError) as exc:
-            raise ServerUnreachable(f"cannot reach the server at {url.split('?')[0]}: {exc}") from exc
         try:
             first = await ws.recv()
         except ConnectionClosed as exc:

@@ -18,11 +18,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 import websockets
-from websockets.exceptions import InvalidStatus
 
-from client.client import ServerUnreachable, _refusal
+from client.client import opening, send_paced
 from kame.codec import pcm16_decode, pcm16_encode
-from kame.protocol import FRAME_SIZE as FRAME
 from kame.protocol import SAMPLE_RATE as RATE
 
 REALTIME_PATH = "/v1/realtime"
@@ -68,13 +66,9 @@ async def converse_realtime(url: str, pcm: np.ndarray, token: str | None = None,
     conv = RealtimeConversation()
     show = on_line or (lambda t, line: None)
     client = AsyncOpenAI(base_url=sdk_base_url(url), api_key=token or "none")
-    try:
-        connection = client.realtime.connect(model="kame")
+    connection = client.realtime.connect(model="kame")
+    with opening(realtime_url(url)):
         conn = await connection.__aenter__()
-    except InvalidStatus as exc:
-        raise _refusal(exc.response.status_code, exc.response.body) from exc
-    except OSError as exc:
-        raise ServerUnreachable(f"cannot reach the server at {realtime_url(url)}: {exc}") from exc
     try:
         if instructions:
             await conn.session.update(session={"type": "realtime", "instructions": instructions})
@@ -101,16 +95,13 @@ async def converse_realtime(url: str, pcm: np.ndarray, token: str | None = None,
                     conv.errors.append(event.error.model_dump())
                     show(t, f"error: {event.error.message}")
 
+        async def send(chunk: np.ndarray) -> None:
+            await conn.input_audio_buffer.append(audio=base64.b64encode(pcm16_encode(chunk)).decode())
+            conv.frames_sent += 1
+
         reader = asyncio.create_task(receive())
         conv.started = time.monotonic()
-        audio = np.concatenate([pcm, np.zeros(int(tail_s * RATE), dtype=np.float32)])
-        for index in range(0, len(audio), FRAME):
-            chunk = pcm16_encode(audio[index:index + FRAME])
-            await conn.input_audio_buffer.append(audio=base64.b64encode(chunk).decode())
-            conv.frames_sent += 1
-            delay = conv.started + (index + FRAME) / RATE - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
+        await send_paced(send, np.concatenate([pcm, np.zeros(int(tail_s * RATE), dtype=np.float32)]))
         await asyncio.sleep(1.0)  # the last response's done events
         reader.cancel()
         conv.responses.extend(text.strip() for text in speaking.values())  # still speaking at the end
@@ -128,12 +119,8 @@ class RealtimeAudio:
     @classmethod
     async def connect(cls, url: str, token: str | None = None, session: dict | None = None) -> RealtimeAudio:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        try:
+        with opening(realtime_url(url)):
             ws = await websockets.connect(realtime_url(url, model="kame"), additional_headers=headers, max_size=None)
-        except InvalidStatus as exc:
-            raise _refusal(exc.response.status_code, exc.response.body) from exc
-        except OSError as exc:
-            raise ServerUnreachable(f"cannot reach the server at {realtime_url(url)}: {exc}") from exc
         client = cls(ws)
         await client.expect("session.created")
         if session:

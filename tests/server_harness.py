@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import uvicorn
 
-from client.client import AudioMessage, EventMessage, KameClient, TextMessage
+from client.client import AudioMessage, EventMessage, KameClient, TextMessage, send_paced
 from client.loadgen import LatencyRun, load_level, percentile_ms, soak
 from kame.audio import FRAME_S
 from server.app import DrainingServer, create_app
@@ -71,13 +71,7 @@ async def record(client: KameClient, into: Recording) -> None:
 
 async def stream_realtime(client: KameClient, pcm: np.ndarray, chunk: int = 1920) -> tuple[float, float]:
     """Send `pcm` in 80 ms chunks at real-time pace (absolute schedule, no drift); (start, end) times."""
-    start = time.monotonic()
-    for index in range(0, len(pcm), chunk):
-        await client.send_pcm(pcm[index:index + chunk])
-        delay = start + (index + chunk) / 24000 - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-    return start, time.monotonic()
+    return await send_paced(client.send_pcm, pcm, chunk)
 
 
 def received_samples(got: Recording) -> int:

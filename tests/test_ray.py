@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="needs the ray extra: pip install -e '.[ray]'")
 
-from client.client import AudioMessage, EventMessage, KameClient, ServerBusy
+from client.client import AudioMessage, EventMessage, KameClient, ServerBusy, send_paced
 from server import ray_serve
 from server.settings import load_settings
 
@@ -56,12 +56,9 @@ class Talker:
                 self.replica = message.event.replica
 
     async def talk(self, frames: int = FRAMES) -> None:
-        """`frames` of silence at real-time pace (the sleeps pace it), then wait for them to come back."""
+        """`frames` of silence at real-time pace, then wait for them to come back."""
         self.sent = getattr(self, "sent", 0) + frames
-        start = time.monotonic()
-        for index in range(frames):
-            await self.client.send_pcm(np.zeros(1920, np.float32))
-            await asyncio.sleep(max(0.0, start + (index + 1) * 0.08 - time.monotonic()))
+        await send_paced(self.client.send_pcm, np.zeros(1920 * frames, np.float32))
         await wait_until(lambda: self.back >= self.sent, f"{self.sent} frames back", 10)
 
     async def close(self) -> None:

@@ -16,6 +16,7 @@ from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 from websockets.exceptions import InvalidStatus
 
+from client.client import send_paced
 from kame.codec import pcm16_decode, pcm16_encode
 from kame.telephony import Downsampler, ulaw_decode, ulaw_encode
 
@@ -76,14 +77,12 @@ class Events:
         self._task.cancel()
 
 
-async def stream(conn, pcm: np.ndarray, encode=pcm16_encode, chunk: int = 1920) -> None:
+async def stream(conn, pcm: np.ndarray, encode=pcm16_encode) -> None:
     """`pcm` (24 kHz) in 80 ms appends at real-time pace, on an absolute schedule."""
-    start = time.monotonic()
-    for index in range(0, len(pcm), chunk):
-        await conn.input_audio_buffer.append(audio=base64.b64encode(encode(pcm[index:index + chunk])).decode())
-        delay = start + (index + chunk) / 24000 - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
+    async def append(chunk: np.ndarray) -> None:
+        await conn.input_audio_buffer.append(audio=base64.b64encode(encode(chunk)).decode())
+
+    await send_paced(append, pcm)
 
 
 def question_audio(voices) -> np.ndarray:
