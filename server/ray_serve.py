@@ -52,23 +52,21 @@ class Registry:
 
     def metrics_text(self) -> bytes:
         """Every live replica's metrics in one exposition, each sample labelled with its replica."""
-        import time
-
-        now = time.time()
-        live = {name: text for name, text in self.metrics.items()
-                if name in self.replicas and now - self.replicas[name]["at"] <= STALE_S}
-        return merge_metrics(live)
+        return merge_metrics({name: self.metrics[name] for name in self._live()})
 
     def forget(self, replica: str) -> None:
         self.replicas.pop(replica, None)
         self.metrics.pop(replica, None)
 
     def snapshot(self) -> list[dict]:
+        return [{k: v for k, v in self.replicas[name].items() if k != "at"} for name in self._live()]
+
+    def _live(self) -> list[str]:
+        """The replicas heard from within STALE_S, by name."""
         import time
 
         now = time.time()
-        return sorted(({k: v for k, v in r.items() if k != "at"} for r in self.replicas.values()
-                       if now - r["at"] <= STALE_S), key=lambda r: r["replica"])
+        return sorted(name for name, r in self.replicas.items() if now - r["at"] <= STALE_S)
 
     def drain(self) -> None:
         self.draining = True

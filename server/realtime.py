@@ -273,7 +273,7 @@ class RealtimeSession(SocketSession):
         code = getattr(exc, "code", "invalid_request")
         self._report(code, str(exc), getattr(exc, "param", None), getattr(exc, "client_event_id", None))
 
-    def _session_object(self) -> dict:
+    def _session_object(self, tandem: TandemSession) -> dict:
         c = self.config
         runtime = self.services.runtime
         return {
@@ -288,17 +288,12 @@ class RealtimeSession(SocketSession):
             "tracing": None, "truncation": "auto", "prompt": None, "include": None,
             "kame": {"frontend": runtime.frontend.source, "asr": runtime.asr.name, "events": c.events,
                      "quiet_s": c.quiet_s, "activity": c.activity, "feed_silence": c.feed_silence,
-                     "backends": list(runtime.profiles)},
+                     "backend": tandem.backend, "backends": list(runtime.profiles)},
         }
 
     async def _greet(self, tandem: TandemSession) -> None:
         self.config.instructions = tandem.planner.system_prompt
-        self._emit("session.created", session=self._session_with(tandem))
-
-    def _session_with(self, tandem: TandemSession) -> dict:
-        session = self._session_object()
-        session["kame"]["backend"] = tandem.backend
-        return session
+        self._emit("session.created", session=self._session_object(tandem))
 
     # ---------------------------------------------------------------- client events
 
@@ -507,7 +502,7 @@ class RealtimeSession(SocketSession):
             tandem.configure(backend=backend, system_prompt=instructions)
         if delay is not None:
             tandem.set_oracle_delay(delay)
-        self._emit("session.updated", session=self._session_with(tandem))
+        self._emit("session.updated", session=self._session_object(tandem))
         if new.tools:  # not an error event: frameworks end their session on one
             logger.info("session %s: %d tools stored; tool calls are not supported yet, the backend answers "
                         "without them", self.id, len(new.tools))
