@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from websockets.exceptions import ConnectionClosed
 
-from client.client import AudioMessage, KameClient, ServerRefused, ServerUnreachable
+from client.client import AudioMessage, KameClient, ServerRefused, ServerUnreachable, send_paced
 from kame.protocol import FRAME_SIZE as FRAME
 from kame.protocol import SAMPLE_RATE as RATE
 from kame.protocol import Kind, encode
@@ -174,15 +174,14 @@ async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.
     task = asyncio.create_task(receive())
     await asyncio.sleep(rng.random() * FRAME / RATE)  # sessions do not start in lockstep
     noise = (np.random.default_rng(rng.randrange(1 << 30)).standard_normal(FRAME) * 0.05).astype(np.float32)
-    started = time.monotonic()
     frames = int(seconds * RATE / FRAME)
+
+    async def send(frame: np.ndarray) -> None:
+        sent_at.append(time.monotonic())
+        await client.send_pcm(frame)
+
     with contextlib.suppress(ConnectionClosed):
-        for index in range(frames):
-            sent_at.append(time.monotonic())
-            await client.send_pcm(noise)
-            delay = started + (index + 1) * FRAME / RATE - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
+        await send_paced(send, np.tile(noise, frames))
         await asyncio.sleep(0.5)
     await client.close()
     await task
