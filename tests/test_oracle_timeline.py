@@ -106,3 +106,19 @@ def test_byte_pieces_come_out_as_whole_characters():
     assert "".join(out) == " café ok€!"
     broken = PieceDecoder(_BytePieces())
     assert [broken.push(t) for t in (5, 4)] == ["", "\ufffd ok"]  # a character cut short is marked, not lost
+
+
+def test_oracle_stream_clears_the_tail_of_a_longer_earlier_oracle():
+    from kame.frontend.oracle import oracle_stream
+
+    stream = oracle_stream([(1, (10, 11, 12, 13)), (4, (20,))], frames=8, start_token=START, padding_token=PAD)
+    # the second reset at frame 4 replaces the first: 12 and 13 never appear after it
+    assert stream == [PAD, START, 10, 11, START, 20, PAD, PAD]
+
+
+def test_oracle_stream_orders_events_and_keeps_frames_before_the_first_padding():
+    from kame.frontend.oracle import oracle_stream
+
+    stream = oracle_stream([(5, (7,)), (2, (6, 6))], frames=7, start_token=START, padding_token=PAD)
+    assert stream == [PAD, PAD, START, 6, 6, START, 7]
+    assert oracle_stream([], frames=3, start_token=START, padding_token=PAD) == [PAD] * 3

@@ -125,3 +125,20 @@ class PieceDecoder:
         if byte := _BYTE_PIECE.fullmatch(piece):
             return self._utf8.decode(bytes([int(byte.group(1), 16)]))
         return self._utf8.decode(b"", final=True) + piece.replace("▁", " ")
+
+
+def oracle_stream(events: list[tuple[int, tuple[int, ...]]], frames: int, start_token: int,
+                  padding_token: int) -> list[int]:
+    """The oracle token of every frame `0..frames-1` for a list of `(frame, tokens)` resets, built
+    by the same `OracleTimeline` the engine reads at inference. Training data comes from here, so
+    a later, shorter oracle clears the tail of an earlier one exactly as it does in a live session.
+    Events are applied in frame order; events at the same frame apply in list order."""
+    timeline = OracleTimeline(start_token, padding_token)
+    pending = sorted(enumerate(events), key=lambda item: (item[1][0], item[0]))
+    stream, next_event = [], 0
+    for frame in range(frames):
+        while next_event < len(pending) and pending[next_event][1][0] <= frame:
+            timeline.apply(OracleUpdate.reset(next_event, tuple(pending[next_event][1][1])), frame)
+            next_event += 1
+        stream.append(timeline.token_at(frame))
+    return stream
