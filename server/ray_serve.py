@@ -79,6 +79,8 @@ _registry = None  # the driver's handle of the Registry actor
 class RayOptions:
     replicas: int = 1  # fixed replicas, or:
     autoscale: tuple[int, int] | None = None  # (min, max) replicas, scaled on held sessions
+    upscale_delay_s: float = 30.0  # with autoscale: how long the load must stay high / low ...
+    downscale_delay_s: float = 600.0  # ... before a replica is added / taken away (Serve's defaults)
     address: str | None = None  # a running Ray cluster ("auto", "ray://..."); None: start a local one
     num_cpus: float = 1.0  # per replica on a CPU
     local_cpus: int | None = None  # the local instance's CPUs (None: the machine's)
@@ -177,7 +179,9 @@ def deployment(settings: ServerSettings, options: RayOptions, cuda: bool):
         low, high = options.autoscale
         # held sessions are ongoing requests: scale to keep each replica at most ~3/4 full
         scaling = {"autoscaling_config": {"min_replicas": low, "max_replicas": high,
-                                          "target_ongoing_requests": max(1, int(slots * 0.75))}}
+                                          "target_ongoing_requests": max(1, int(slots * 0.75)),
+                                          "upscale_delay_s": options.upscale_delay_s,
+                                          "downscale_delay_s": options.downscale_delay_s}}
     actor = {"num_gpus": 1} if cuda else {"num_cpus": options.num_cpus}
 
     def builder():
@@ -189,6 +193,8 @@ def deployment(settings: ServerSettings, options: RayOptions, cuda: bool):
     return serve.deployment(
         serve.ingress(builder)(), name=APP_NAME, version=version, max_ongoing_requests=slots + HEADROOM,
         ray_actor_options=actor,
+        # a new session goes to the replica with the fewest, by a live count (server/ray_router.py)
+        request_router_config={"request_router_class": "server.ray_router.FewestSessionsRouter"},
         # a replica going away waits for its sessions: up to the longest a session may last
         graceful_shutdown_timeout_s=settings.max_session_s + settings.shutdown_timeout_s,
         **scaling,
@@ -258,7 +264,8 @@ def serve_until_signalled(settings: ServerSettings, options: RayOptions, cuda: b
 
 def app(args: dict):
     """The application builder for `serve deploy` and KubeRay (deploy/ray/serve.yaml): `args` are
-    {"config": TOML path (optional), "replicas": N | "autoscale": [MIN, MAX]}; the rest of the settings
+    {"config": TOML path (optional), "replicas": N | "autoscale": [MIN, MAX], with autoscale optionally
+    "upscale_delay_s" and "downscale_delay_s"}; the rest of the settings
     come from the config file and KAME_* variables, as for `kame serve`."""
     import ray
 
@@ -267,7 +274,8 @@ def app(args: dict):
 
     settings = load_settings(args.get("config"))
     autoscale = tuple(args["autoscale"]) if args.get("autoscale") else None
-    options = RayOptions(replicas=int(args.get("replicas", 1)), autoscale=autoscale)
+    delays = {key: float(args[key]) for key in ("upscale_delay_s", "downscale_delay_s") if key in args}
+    options = RayOptions(replicas=int(args.get("replicas", 1)), autoscale=autoscale, **delays)
     if ray.is_initialized():  # no driver holds the registry here: it lives on its own
         ray.remote(num_cpus=0)(Registry).options(name=REGISTRY, namespace=NAMESPACE, get_if_exists=True,
                                                  lifetime="detached").remote()

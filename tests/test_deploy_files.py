@@ -40,8 +40,20 @@ def test_the_kuberay_manifest_autoscales_gpu_workers_on_the_same_application():
     deployment = built(application)
     scaling = deployment._deployment_config.autoscaling_config
     assert (scaling.min_replicas, scaling.max_replicas) == (1, 4)
+    assert (scaling.upscale_delay_s, scaling.downscale_delay_s) == (30.0, 600.0)  # Serve's defaults
+    # and our router places the sessions
+    router = deployment._deployment_config.request_router_config.request_router_class
+    assert router == "server.ray_router.FewestSessionsRouter"
+
     (workers,) = manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]
     container = workers["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     # a downscaled worker waits for its sessions: at least the longest session
     assert workers["template"]["spec"]["terminationGracePeriodSeconds"] >= 3600
+
+
+def test_the_autoscaling_delays_come_from_the_application_args():
+    application = {"import_path": "server.ray_serve:app",
+                   "args": {"autoscale": [1, 3], "upscale_delay_s": 5, "downscale_delay_s": 120}}
+    scaling = built(application)._deployment_config.autoscaling_config
+    assert (scaling.max_replicas, scaling.upscale_delay_s, scaling.downscale_delay_s) == (3, 5.0, 120.0)

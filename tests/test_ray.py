@@ -1,7 +1,8 @@
 """`kame serve --ray` on a real local Ray instance: 2 replicas x 2 slots of tiny-copy behind Serve's
-proxy. Sessions land on both replicas and each hears its own frames back; a fifth is refused at once
-with the app's own 503; /healthz answers while every slot is held; a replica scaled away keeps its
-session until the session ends."""
+proxy. Sessions opened together land 2 + 2 and each hears its own frames back; a fifth is refused at
+once with the app's own 503; /healthz answers while every slot is held; the moment sessions end, new
+ones spread again; a replica that dies closes its sessions (the client is told, and its reconnect
+lands on a live replica) and is replaced; a replica scaled away keeps its session until it ends."""
 
 from __future__ import annotations
 
@@ -28,6 +29,12 @@ FRAMES = 25
 @pytest.fixture(scope="module")
 def cluster():
     port = free_port()
+    # autoscaling figures reach Serve's controller every 10 s by default: every 0.5 s here (the local
+    # instance's processes inherit this environment), so the autoscaling test takes seconds
+    monkeypatch = pytest.MonkeyPatch()
+    for name in ("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S",
+                 "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S"):
+        monkeypatch.setenv(name, "0.5")
     settings = load_settings(None, frontend="tiny-copy", device="cpu", asr="none", llm="local", max_sessions=2,
                              port=port, engine_threads=1)
     started = time.monotonic()
@@ -35,6 +42,7 @@ def cluster():
     print(f"local Ray + 2 replicas up in {time.monotonic() - started:.1f} s")
     yield settings, f"ws://127.0.0.1:{port}/api/chat", f"http://127.0.0.1:{port}"
     ray_serve.stop()
+    monkeypatch.undo()
 
 
 class Talker:
@@ -74,7 +82,7 @@ def test_sessions_spread_over_replicas_and_a_fifth_is_refused_at_once(cluster):
     settings, url, base = cluster
 
     async def go():
-        talkers = [await Talker.open(url) for _ in range(4)]
+        talkers = await asyncio.gather(*(Talker.open(url) for _ in range(4)))  # all at once
         await asyncio.gather(*(t.talk(5) for t in talkers))  # the ready events have come
         refused_in = time.monotonic()
         with pytest.raises(ServerBusy) as busy:
@@ -106,36 +114,67 @@ def test_sessions_spread_over_replicas_and_a_fifth_is_refused_at_once(cluster):
     assert active == {replica: 2.0 for replica in set(replicas)}
 
 
+def replica_count(base: str) -> int:
+    return len(healthz(base)["replicas"] or [])
+
+
+def states() -> dict:
+    """Serve's count of the deployment's replicas by state."""
+    from ray import serve
+
+    app = serve.status().applications[ray_serve.APP_NAME]
+    return dict(app.deployments[ray_serve.APP_NAME].replica_states)
+
+
+async def two_sessions(url: str) -> list[Talker]:
+    """Two sessions, opened one after the other. Right after others ended, with two replicas: the
+    router counts live sessions, so they land on different replicas (Serve's default router, by its lagging cache,
+    could send both to one)."""
+    first = await Talker.open(url)
+    await first.talk(5)
+    second = await Talker.open(url)
+    await second.talk(5)
+    return [first, second]
+
+
+def test_a_replica_that_dies_closes_its_sessions_and_is_replaced(cluster):
+    settings, url, base = cluster
+    import ray
+
+    async def go():
+        doomed, survivor = await two_sessions(url)
+        actor = ray.get_actor(f"SERVE_REPLICA::{ray_serve.APP_NAME}#{ray_serve.APP_NAME}#{doomed.replica}",
+                              namespace="serve")
+        killed_at = time.monotonic()
+        ray.kill(actor, no_restart=True)
+        await asyncio.wait_for(doomed.task, 15)  # the client is told: its socket closes, no silent wait
+        told_in = time.monotonic() - killed_at
+        await survivor.talk(5)  # the other replica's session goes on
+        again = await Talker.open(url)  # a reconnect lands on a live replica and is heard
+        await again.talk(5)
+        # Serve starts a replacement; it runs, and the registry lists two replicas again
+        await wait_until(lambda: states() == {"RUNNING": 2} and replica_count(base) == 2 and doomed.replica not in
+                         {r["replica"] for r in healthz(base)["replicas"]}, "a replacement replica", 90)
+        for t in (survivor, again):
+            await t.close()
+        return doomed, survivor, again, told_in
+
+    doomed, survivor, again, told_in = asyncio.run(go())
+    assert doomed.replica != survivor.replica
+    assert told_in < 15 and doomed.client.close_code is not None
+    print(f"dead replica's session told in {told_in:.1f} s, close code {doomed.client.close_code}")
+    assert again.replica != doomed.replica and again.back >= 5
+
+
 def test_a_replica_scaled_away_keeps_its_session_until_it_ends(cluster):
     settings, url, base = cluster
 
     async def go():
-        # one session on each replica. Serve's router picks by its cached queue lengths, which lag:
-        # it may send a session to the full replica while the other has room (refused: busy), and a
-        # client's retry lands elsewhere (docs/scaling.md)
-        # (after the last test's sessions ended, its cache can still say a replica is busy for seconds)
-        talkers: dict[str, Talker] = {}
-        deadline = time.monotonic() + 40
-        while len(talkers) < 2 and time.monotonic() < deadline:
-            try:
-                talker = await Talker.open(url)
-            except ServerBusy:
-                await asyncio.sleep(1.0)
-                continue
-            await talker.talk(5)
-            if talker.replica in talkers:
-                await talker.close()
-                await asyncio.sleep(1.0)  # for the router's view to catch up
-            else:
-                talkers[talker.replica] = talker
-        talkers = list(talkers.values())
+        await wait_until(lambda: states() == {"RUNNING": 2} and replica_count(base) == 2, "two replicas", 90)
+        talkers = await two_sessions(url)
         # down to one replica while both replicas hold a session: serve.run returns once the update is
         # done, and the replica going away waits for its session first
         from ray import serve
-
-        def states() -> dict:
-            app = serve.status().applications[ray_serve.APP_NAME]
-            return dict(app.deployments[ray_serve.APP_NAME].replica_states)
 
         options = ray_serve.RayOptions(replicas=1, num_cpus=0.5)
         update = asyncio.ensure_future(asyncio.to_thread(
@@ -157,6 +196,35 @@ def test_a_replica_scaled_away_keeps_its_session_until_it_ends(cluster):
     assert len({t.replica for t in talkers}) == 2
     assert all(back >= 5 + FRAMES for back in backs)  # none was cut off by the downscale
     assert replicas == {"RUNNING": 1}  # and once they ended, the replica went
+
+
+def test_autoscaling_follows_held_sessions(cluster):
+    """1-2 replicas: two held sessions fill the one replica and a second one starts; a session opened
+    then lands on it; once every session has ended, the cluster goes back to one replica."""
+    settings, url, base = cluster
+    from ray import serve
+
+    options = ray_serve.RayOptions(autoscale=(1, 2), num_cpus=0.5, upscale_delay_s=1.0, downscale_delay_s=2.0)
+    serve.run(ray_serve.deployment(settings, options, False), name=ray_serve.APP_NAME, route_prefix="/")
+
+    async def go():
+        await wait_until(lambda: states() == {"RUNNING": 1}, "one replica", 60)
+        held = await two_sessions(url)  # one replica: both on it, which fills it
+        assert held[0].replica == held[1].replica
+        started = time.monotonic()
+        await wait_until(lambda: states() == {"RUNNING": 2} and replica_count(base) == 2, "a second replica", 90)
+        scaled_up_in = time.monotonic() - started
+        third = await Talker.open(url)
+        await third.talk(5)
+        for t in (*held, third):
+            await t.close()
+        started = time.monotonic()
+        await wait_until(lambda: states() == {"RUNNING": 1}, "back to one replica", 90)
+        return held, third, scaled_up_in, time.monotonic() - started
+
+    held, third, scaled_up_in, scaled_down_in = asyncio.run(go())
+    print(f"autoscaling: a second replica in {scaled_up_in:.1f} s, back to one in {scaled_down_in:.1f} s")
+    assert third.replica != held[0].replica and third.back >= 5  # the new replica took it
 
 
 def test_stopping_tells_every_session_like_the_single_server(cluster):
