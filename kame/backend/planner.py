@@ -62,7 +62,7 @@ DATA_NOTE = (
 class KnowledgeSource(Protocol):
     """What the planner needs of a knowledge base (kame.knowledge.KnowledgeBase)."""
 
-    def retrieve(self, query: str, limit: int = 4, budget_tokens: int = 400) -> Any:
+    def retrieve(self, query: str, *, limit: int = 4, budget_tokens: int = 400) -> Any:
         """A Retrieval: `.text` (the block for the system message, or None), `.passages`,
         `.tokens`, `.elapsed_s`."""
 
@@ -427,8 +427,8 @@ class Planner:
             extra.append(DATA_NOTE)
         if self.knowledge is not None:
             query = stream.record.user_text.partition(": ")[2] or stream.record.user_text
-            retrieval = await asyncio.to_thread(self.knowledge.retrieve, query, self.config.knowledge_limit,
-                                                self.config.knowledge_budget_tokens)
+            retrieval = await asyncio.to_thread(self.knowledge.retrieve, query, limit=self.config.knowledge_limit,
+                                                budget_tokens=self.config.knowledge_budget_tokens)
             self._on_event(KnowledgeRetrieved(stream.record.epoch, retrieval))
             if retrieval.text:
                 extra.append(retrieval.text)
