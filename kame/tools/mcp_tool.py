@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import importlib.util
 import logging
 import threading
 from typing import Any
@@ -29,6 +30,8 @@ class McpServer:
                  limits: ToolLimits = DEFAULT_LIMITS, connect_timeout_s: float = 20.0) -> None:
         if (command is None) == (url is None):
             raise ToolError(f"mcp tool {name}: give either command (stdio) or url (streamable HTTP)")
+        if importlib.util.find_spec("mcp") is None:
+            raise ToolError(f"mcp tool {name} needs the MCP SDK: pip install -e '.[tools]'")
         self.name, self.command, self.args, self.env, self.url = name, command, list(args or []), env, url
         self.prefix, self.limits, self.connect_timeout_s = prefix, limits, connect_timeout_s
         self.tools: list[McpTool] = []

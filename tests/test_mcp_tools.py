@@ -1,0 +1,52 @@
+"""An MCP server (kame/testing/mcp_server.py, a real subprocess over stdio) is listed at start-up
+and its tools are called by name, through the registry the server builds from its config."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+from kame.tools import ToolCall, ToolError, run_tool
+from kame.tools.config import McpToolConfig
+from kame.tools.registry import ToolRegistry
+
+
+@pytest.fixture(scope="module")
+def tides():
+    registry = ToolRegistry.from_config({"tides": McpToolConfig(
+        kind="mcp", command=sys.executable, args=["-m", "kame.testing.mcp_server"], timeout_s=10)})
+    yield registry
+    registry.close()
+
+
+def test_mcp_tools_are_listed_with_their_schema_and_prefixed(tides):
+    assert sorted(tides.tools) == ["tides_broken", "tides_tide"]
+    spec = tides.get("tides_tide").spec
+    assert spec.description == "The high tide at Kelp Harbour on a day of the week."
+    assert spec.parameters["required"] == ["day"] and spec.parameters["properties"]["day"]["type"] == "string"
+
+
+def test_mcp_tool_is_called_by_name_and_its_failure_is_a_result(tides):
+    async def scenario():
+        good = await run_tool(tides.get("tides_tide"), ToolCall("1", "tides_tide", '{"day": "Tuesday"}'))
+        bad = await run_tool(tides.get("tides_broken"), ToolCall("2", "tides_broken", "{}"))
+        return good, bad
+
+    good, bad = asyncio.run(scenario())  # another event loop than the connection's: it lives on its own thread
+    assert good.ok and good.content == "high tide at eight twenty in the morning"
+    assert not bad.ok and bad.content.startswith("error: ") and "broken" in bad.content
+
+
+def test_unprefixed_names_and_a_server_that_cannot_start():
+    registry = ToolRegistry.from_config({"t": McpToolConfig(
+        kind="mcp", command=sys.executable, args=["-m", "kame.testing.mcp_server"], prefix=False)})
+    try:
+        assert sorted(registry.tools) == ["broken", "tide"]
+    finally:
+        registry.close()
+    with pytest.raises(ToolError, match="mcp server gone: cannot start"):
+        ToolRegistry.from_config({"gone": McpToolConfig(kind="mcp", command="/nonexistent/kame-mcp")})
+    with pytest.raises(ToolError, match="either command"):
+        ToolRegistry.from_config({"none": McpToolConfig(kind="mcp")})
