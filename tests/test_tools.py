@@ -195,7 +195,8 @@ def test_a_header_env_var_that_is_not_set_is_an_error_result(monkeypatch):
 def test_registry_from_config_and_name_clashes():
     registry = ToolRegistry.from_config({
         "order_status": PythonToolConfig(kind="python", callable="kame.testing.tools:order_status", timeout_s=1.5),
-        "weather": HttpToolConfig(kind="http", url="https://api.example.com/w/{city}", allowed_hosts=["api.example.com"]),
+        "weather": HttpToolConfig(kind="http", url="https://api.example.com/w/{city}",
+                                  allowed_hosts=["api.example.com"]),
     })
     assert [s.name for s in registry.specs] == ["order_status", "weather"]
     assert registry.get("order_status").limits.timeout_s == 1.5
@@ -285,7 +286,8 @@ def tok(tiny_copy):
 
 
 class PlannerRig:
-    def __init__(self, tok, replies, tools=(), supports_tools=True, config=PlannerConfig()):
+    def __init__(self, tok, replies, tools=(), supports_tools=True, config=None):
+        config = config or PlannerConfig()
         self.llm = FakeLLM(replies, supports_tools=supports_tools)
         self.updates, self.events = [], []
         self.planner = Planner(self.llm, tok, self.updates.append, self.events.append, config,
