@@ -96,11 +96,12 @@ def _read_markdown(path: Path, text: str) -> Document:
     title = ""
     lines = []
     for line in text.splitlines():
+        line = _MD_MARKUP.sub("", _MD_LINK.sub(r"\1", line))
         heading = _MD_HEADING.match(line)
         if heading:
             title = title or heading.group(1)
             line = "\n" + heading.group(1) + "\n"  # a heading is a paragraph of its own
-        lines.append(_MD_MARKUP.sub("", _MD_LINK.sub(r"\1", line)))
+        lines.append(line)
     return Document(title=title or _stem_title(path), text="\n".join(lines))
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kame.errors import KnowledgeError
 from kame.knowledge.documents import MAX_FILE_BYTES, SUFFIXES, DocumentError, read_document, split_passages
-from kame.knowledge.query import fts_query
+from kame.knowledge.query import build_query, query_terms, vocabulary
 from kame.knowledge.retrieval import Passage, Retrieval, estimate_tokens, pack
 
 logger = logging.getLogger(__name__)
@@ -30,7 +30,9 @@ CREATE TABLE documents (
 CREATE TABLE passage_map (id INTEGER PRIMARY KEY, doc_id INTEGER NOT NULL, ordinal INTEGER NOT NULL);
 CREATE INDEX passage_map_doc ON passage_map (doc_id);
 CREATE VIRTUAL TABLE passage_fts USING fts5 (text, title, tokenize = 'porter unicode61 remove_diacritics 2');
+CREATE TABLE words (term TEXT PRIMARY KEY, documents INTEGER NOT NULL) WITHOUT ROWID;
 """
+MAX_COMPLETIONS = 8  # of a cut-off last word: the most widespread words it can be the start of
 _SEARCH = """
 SELECT d.source, d.title, f.text, -bm25(passage_fts, 1.0, 0.5), m.ordinal
 FROM passage_fts AS f JOIN passage_map AS m ON m.id = f.rowid JOIN documents AS d ON d.id = m.doc_id
@@ -89,27 +91,41 @@ class KnowledgeBase:
 
     def search(self, query: str, limit: int = 4) -> list[Passage]:
         """The best `limit` passages for a (partial, spoken) query; [] when nothing matches."""
-        return self._run(fts_query(query), limit)
+        return self._find(query, limit)[1]
 
     def retrieve(self, query: str, *, limit: int = 4, budget_tokens: int = 400) -> Retrieval:
         """The best passages for `query` packed into a system-message block of `budget_tokens`."""
         started = time.perf_counter()
-        expression = fts_query(query)
-        passages, text = pack(self._run(expression, limit), budget_tokens)
+        expression, found = self._find(query, limit)
+        passages, text = pack(found, budget_tokens)
         tokens = estimate_tokens(text) if text else 0
         return Retrieval(expression, passages, text, time.perf_counter() - started, tokens)
 
-    def _run(self, expression: str, limit: int) -> list[Passage]:
-        if not expression or limit <= 0:
-            return []
+    def _find(self, transcript: str, limit: int) -> tuple[str, list[Passage]]:
+        """The FTS query run for `transcript` and the passages it found, best first."""
+        self._check_open()
+        terms, cut_off = query_terms(transcript)
+        if not terms:
+            return "", []
         with self._lock:
             self._check_open()
+            completions = self._completions(cut_off) if cut_off else []
+            expression = build_query(terms, cut_off, completions)
+            if limit <= 0:
+                return expression, []
             try:
                 rows = self._conn.execute(_SEARCH, (expression, limit)).fetchall()
             except sqlite3.OperationalError as exc:  # quoting makes this unexpected: never fail the caller on it
                 logger.warning("knowledge query %r failed: %s", expression, exc)
-                return []
-        return [Passage(source=s, title=t, text=x, score=float(b), ordinal=o) for s, t, x, b, o in rows]
+                return expression, []
+        return expression, [Passage(source=s, title=t, text=x, score=float(b), ordinal=o) for s, t, x, b, o in rows]
+
+    def _completions(self, prefix: str) -> list[str]:
+        rows = self._conn.execute(
+            "SELECT term FROM words WHERE term > ? AND term < ? ORDER BY documents DESC, term LIMIT ?",
+            (prefix, prefix + "\U0010ffff", MAX_COMPLETIONS),
+        ).fetchall()
+        return [row[0] for row in rows]
 
     # ------------------------------------------------------------------ indexing
 
@@ -217,7 +233,7 @@ class KnowledgeBase:
             raise sqlite3.DatabaseError("it holds other tables")
         if "meta" in tables and dict(conn.execute("SELECT key, value FROM meta").fetchall()) == wanted:
             return
-        for table in ("meta", "documents", "passage_map", "passage_fts"):
+        for table in ("meta", "documents", "passage_map", "passage_fts", "words"):
             conn.execute(f"DROP TABLE IF EXISTS {table}")
         conn.executescript(_SCHEMA)
         with conn:
@@ -284,6 +300,11 @@ class KnowledgeBase:
 
 
 def _delete_document(conn: sqlite3.Connection, doc_id: int) -> None:
+    texts = conn.execute(
+        "SELECT text FROM passage_fts WHERE rowid IN (SELECT id FROM passage_map WHERE doc_id = ?)", (doc_id,)
+    ).fetchall()
+    titles = conn.execute("SELECT title FROM documents WHERE id = ?", (doc_id,)).fetchall()
+    _count_words(conn, [text for (text,) in texts + titles], -1)
     conn.execute("DELETE FROM passage_fts WHERE rowid IN (SELECT id FROM passage_map WHERE doc_id = ?)", (doc_id,))
     conn.execute("DELETE FROM passage_map WHERE doc_id = ?", (doc_id,))
     conn.execute("DELETE FROM documents WHERE id = ?", (doc_id,))
@@ -310,3 +331,15 @@ def _store(
             "INSERT INTO passage_map (doc_id, ordinal) VALUES (?, ?)", (doc_id, ordinal)
         ).lastrowid
         conn.execute("INSERT INTO passage_fts (rowid, text, title) VALUES (?, ?, ?)", (passage_id, text, title))
+    _count_words(conn, [*passages, title], +1)
+
+
+def _count_words(conn: sqlite3.Connection, passages: list[str], change: int) -> None:
+    """Keep `words` (each word's count of documents, for completing a cut-off word) up to date."""
+    words = set().union(*(vocabulary(text) for text in passages)) if passages else set()
+    conn.executemany(
+        "INSERT INTO words (term, documents) VALUES (?, ?) ON CONFLICT (term) DO UPDATE SET documents = documents + ?",
+        [(word, change, change) for word in words],
+    )
+    if change < 0:
+        conn.execute("DELETE FROM words WHERE documents <= 0")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 
 MAX_TERMS = 24  # the newest words of a long turn: a bounded query stays fast
 MIN_PREFIX_CHARS = 3  # a cut-off "th" or "a" would match half the index
@@ -43,21 +44,33 @@ def query_terms(transcript: str) -> tuple[list[str], str | None]:
     return terms, cut_off
 
 
-def fts_query(transcript: str) -> str:
+def vocabulary(text: str) -> set[str]:
+    """The words of `text` that a cut-off word can be completed to (lower case, 4 letters or more)."""
+    words = (match.group(0).casefold() for match in _WORD.finditer(text))
+    return {word for word in words if len(word) > MIN_PREFIX_CHARS}
+
+
+def fts_query(transcript: str, complete: Callable[[str], list[str]] | None = None) -> str:
     """An FTS5 MATCH expression for `transcript`, or "" when it has no topic words.
 
     Every term is a quoted string, so nothing the user says is FTS syntax. The words are OR-ed
     (BM25 ranks the passages that have more of them, and rarer ones, first). The last word may
-    be cut off mid-word ("restaura"): it matches as a prefix, and, because the index stores
-    Porter stems ("restaur" for "restaurants"), so do its truncations by up to three letters."""
+    be cut off mid-word: it matches as a prefix and, through `complete` (the index's words that
+    start with it), as each of its completions, because the index stores Porter stems, which can
+    be shorter than the cut-off word ("restaura" is no prefix of "restaur", the stem of
+    "restaurants"; the completion "restaurants" is stemmed to it)."""
     terms, cut_off = query_terms(transcript)
+    completions = complete(cut_off) if complete is not None and cut_off is not None else []
+    return build_query(terms, cut_off, completions)
+
+
+def build_query(terms: list[str], cut_off: str | None, completions: Iterable[str] = ()) -> str:
+    """OR of the quoted terms; the cut-off one as a prefix, followed by its completions."""
     parts = []
     for term in terms:
+        parts.append(_quote(term) + ("*" if term == cut_off else ""))
         if term == cut_off:
-            parts.append(_quote(term) + "*")
-            parts += [_quote(term[:end]) for end in range(len(term) - 1, max(len(term) - 4, 3), -1)]
-        else:
-            parts.append(_quote(term))
+            parts += [_quote(word) for word in completions if word not in terms]
     return " OR ".join(parts)
 
 
