@@ -414,3 +414,22 @@ def test_watch_picks_up_a_change(corpus: Path):
         stats = asyncio.run(scenario(kb))
         assert (stats.added, stats.documents) == (1, 6)
         assert kb.search("when are the penguins fed")[0].source == "zoo.md"
+
+
+def test_an_unreadable_file_is_reported_once_and_retried_until_it_reads(corpus: Path, monkeypatch: pytest.MonkeyPatch):
+    real_read = Path.read_bytes
+    locked = {"pool.txt"}
+
+    def read_bytes(path: Path) -> bytes:
+        if path.name in locked:
+            raise PermissionError(13, "Permission denied")
+        return real_read(path)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)  # root reads through chmod 000: fake the refusal
+    with KnowledgeBase(corpus) as kb:
+        assert kb.refresh().failed == ["pool.txt: unreadable (Permission denied)"]
+        assert kb.refresh().failed == []  # tried again, the same reason: not reported again
+        locked.clear()  # permissions fixed: the file itself (size, mtime) did not change
+        stats = kb.refresh()
+        assert (stats.added, stats.documents) == (1, 5)
+        assert kb.search("swimming")[0].source == "pool.txt"

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from kame.errors import KnowledgeError
 from kame.knowledge.documents import MAX_FILE_BYTES, SUFFIXES, DocumentError, read_document, split_passages
@@ -49,6 +50,18 @@ class IndexStats:
     removed: int  # files gone from the directory, dropped from the index
     failed: list[str]  # "source: reason" for each file this refresh tried and could not index
     elapsed_s: float
+
+
+_Outcome = Literal["added", "updated", "same", "failed"]
+
+
+@dataclass(frozen=True)
+class _Stat:
+    st_size: int
+    st_mtime_ns: int
+
+
+_RETRY = _Stat(st_size=-1, st_mtime_ns=-1)  # stored for a file that could not be read: never matches
 
 
 @dataclass(frozen=True)
@@ -148,21 +161,20 @@ class KnowledgeBase:
                 old = known.get(source)
                 if old is not None and (old.size, old.mtime_ns) == (stat.st_size, stat.st_mtime_ns):
                     continue
-                outcome = self._index_file(source, stat, old)
-                if outcome == "added":
-                    added += 1
-                elif outcome == "updated":
-                    updated += 1
-                elif outcome is not None and outcome != "same":
-                    failed.append(f"{source}: {outcome}")
+                outcome, error = self._index_file(source, stat, old)
+                added += outcome == "added"
+                updated += outcome == "updated"
+                if error is not None and (old is None or old.error != error):
+                    failed.append(f"{source}: {error}")
             documents, passages = self._totals()
         for line in failed:
             logger.warning("knowledge base: cannot index %s", line)
         return IndexStats(documents, passages, added, updated, len(removed), failed, time.perf_counter() - started)
 
-    def _index_file(self, source: str, stat: os.stat_result, old: _Known | None) -> str | None:
-        """Index one new or changed file: "added", "updated", "same" (content unchanged), or the
-        reason it failed."""
+    def _index_file(
+        self, source: str, stat: os.stat_result | _Stat, old: _Known | None
+    ) -> tuple[_Outcome, str | None]:
+        """Index one new or changed file; the outcome, and why it failed if it did."""
         path = self.root / source
         digest, error, title, passages = "", None, path.stem, []
         try:
@@ -171,11 +183,12 @@ class KnowledgeBase:
             try:
                 data = path.read_bytes()
             except OSError as exc:
+                stat = _RETRY  # a permission or I/O problem can go away without the file changing
                 raise DocumentError(f"unreadable ({exc.strerror or exc})") from exc
             digest = hashlib.sha256(data).hexdigest()
             if old is not None and old.sha256 == digest:
                 self._write(lambda conn: _touch(conn, old.id, stat))
-                return "same"
+                return "same", old.error
             document = read_document(path, data)
             title = document.title
             passages = split_passages(document.text, self.passage_words, self.overlap_words)
@@ -183,8 +196,8 @@ class KnowledgeBase:
             error = str(exc)
         self._write(lambda conn: _store(conn, source, title, stat, digest, error, passages, old))
         if error is not None:
-            return error
-        return "added" if old is None or old.error is not None else "updated"
+            return "failed", error
+        return ("added" if old is None or old.error is not None else "updated"), None
 
     def _scan(self) -> dict[str, os.stat_result]:
         """Every supported, non-hidden file under the root, by its path relative to the root."""
@@ -310,12 +323,12 @@ def _delete_document(conn: sqlite3.Connection, doc_id: int) -> None:
     conn.execute("DELETE FROM documents WHERE id = ?", (doc_id,))
 
 
-def _touch(conn: sqlite3.Connection, doc_id: int, stat: os.stat_result) -> None:
+def _touch(conn: sqlite3.Connection, doc_id: int, stat: os.stat_result | _Stat) -> None:
     conn.execute("UPDATE documents SET size = ?, mtime_ns = ? WHERE id = ?", (stat.st_size, stat.st_mtime_ns, doc_id))
 
 
 def _store(
-    conn: sqlite3.Connection, source: str, title: str, stat: os.stat_result, digest: str,
+    conn: sqlite3.Connection, source: str, title: str, stat: os.stat_result | _Stat, digest: str,
     error: str | None, passages: list[str], old: _Known | None,
 ) -> None:
     """Replace a document's row and passages (a failed file keeps a row, with its error, and none)."""
