@@ -41,3 +41,16 @@ def slow(seconds: float = 30.0) -> str:
     """Sleeps (on its worker thread) longer than any timeout."""
     time.sleep(seconds)
     return "too late"
+
+
+LEG_CALLS: list[str] = []  # every call of `legs`, to count them in tests
+
+
+def legs(animal: str) -> str:
+    """How many legs an animal has.
+
+    Args:
+        animal: the animal, such as spider
+    """
+    LEG_CALLS.append(animal)
+    return {"spider": "spiders have eight legs", "ant": "ants have six legs"}.get(animal.lower(), "nobody knows")

@@ -1,0 +1,155 @@
+"""Tools and knowledge end to end on the real server: tiny-copy (its text repeats its oracle), real
+Whisper on synthesised questions, a scripted OpenAI-compatible LLM that calls tools."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from client.client import KameClient
+from kame.testing import tools as testing_tools
+from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall, last_tool_results
+
+from .server_harness import Recording, received_samples, record, running_server, stream_realtime, wait_until
+
+pytestmark = pytest.mark.slow
+
+DOCUMENT = ("# The sky of Kelp Harbour\n\nThe sky over Kelp Harbour looks blue by day because the harbour fog "
+            "scatters blue light, which the locals call the kelp glow.\n")
+FROM_THE_NOTES = "Locals call it the kelp glow"
+WITHOUT_NOTES = "Sunlight scatters off the air"
+
+
+def script(body: dict) -> ScriptedReply:
+    """Calls a tool by topic; answers from a tool's result, or from the knowledge in its system message."""
+    messages = body["messages"]
+    results = last_tool_results(body)
+    if results:
+        content = results[0]["content"]
+        if content.startswith("error:"):
+            return ScriptedReply(text="The lookup failed, sorry.")
+        return ScriptedReply(text=f"The tool says {content}.")
+    line = messages[-1]["content"].split("\n")[-1].lower()
+    if "legs" in line or "spider" in line:
+        return ScriptedReply(text="Let me check.", tool_calls=(ScriptedToolCall("legs", {"animal": "spider"}),))
+    if "hamlet" in line or "wrote" in line:
+        return ScriptedReply(tool_calls=(ScriptedToolCall("explode", {"reason": "on purpose"}),))
+    if "france" in line or "capital" in line:
+        return ScriptedReply(tool_calls=(ScriptedToolCall("slow", {"seconds": 2.0}),))
+    if "sky" in line:
+        known = "kelp glow" in messages[0]["content"]
+        return ScriptedReply(text=(FROM_THE_NOTES if known else WITHOUT_NOTES) + ".")
+    return ScriptedReply(text="Let me think.")
+
+
+TOOLS = {
+    "legs": {"kind": "python", "callable": "kame.testing.tools:legs"},
+    "explode": {"kind": "python", "callable": "kame.testing.tools:explode"},
+    "slow": {"kind": "python", "callable": "kame.testing.tools:slow", "timeout_s": 0.5},
+}
+
+
+@pytest.fixture(scope="module")
+def tool_llm():
+    server = ScriptedOpenAIServer(script)
+    server.start_in_thread()
+    yield server
+    server.stop_thread()
+
+
+def _profiles(llm):
+    from server.settings import ProfileSettings
+
+    return {"scripted": ProfileSettings(base_url=llm.base_url, model="scripted", api_key_env=None)}
+
+
+@pytest.fixture(scope="module")
+def tools_server(tool_llm, tmp_path_factory):
+    notes = tmp_path_factory.mktemp("notes")
+    (notes / "sky.md").write_text(DOCUMENT)
+    recordings = tmp_path_factory.mktemp("recordings")
+    with running_server(asr="whisper", max_sessions=2, profiles=_profiles(tool_llm), llm="scripted", tools=TOOLS,
+                        knowledge_dir=str(notes), record_dir=recordings) as (url, services):
+        yield url, services, recordings
+
+
+async def converse(url: str, turns: list[tuple[np.ndarray, str]], max_after_s: float = 25.0) -> Recording:
+    """Ask each question in turn in one session (speech, then real-time silence until the assistant
+    said the expected words after that question's final transcript)."""
+    client = await KameClient.connect(url + "/api/chat")
+    got = Recording()
+    receiver = asyncio.create_task(record(client, got))
+    silence = np.zeros(1920, np.float32)
+    sent = 0
+    for index, (pcm, until) in enumerate(turns):
+        question = np.concatenate([np.zeros(7200, np.float32), pcm])
+        await stream_realtime(client, question)
+        sent += len(question)
+        said_before = len(got.text_stream)
+        for _ in range(int(max_after_s / 0.08)):
+            finals = sum(e.final for e in got.of("transcript"))
+            if finals > index and until in got.text_stream[said_before:]:
+                break
+            await stream_realtime(client, silence)
+            sent += len(silence)
+        for _ in range(12):  # a little more: the answer's last events
+            await stream_realtime(client, silence)
+            sent += len(silence)
+    await wait_until(lambda: received_samples(got) >= sent - 2 * 1920, "the audio of the last frames sent")
+    await client.close()
+    await receiver
+    return got
+
+
+def test_a_spoken_question_is_answered_through_a_python_tool(tools_server, voices):
+    url, services, recordings = tools_server
+    testing_tools.LEG_CALLS.clear()
+    got = asyncio.run(converse(url, [(voices["spider"], "spiders have eight legs")]))
+
+    assert "spiders have eight legs" in got.text_stream  # the tool's result, spoken by the front-end
+    assert "Let me check" in got.text_stream  # what the model said before the call is spoken too
+    tool_events = got.of("tool")
+    done = [e for e in tool_events if e.phase == "done" and e.name == "legs"]
+    assert done and done[0].result == "spiders have eight legs"
+    assert json.loads(done[0].arguments) == {"animal": "spider"}
+    assert testing_tools.LEG_CALLS == ["spider"]  # restarts in the same turn were served from the cache
+    assert all(e.cached for e in done[1:])
+    metrics = services.metrics.render().decode()
+    assert 'kame_tool_calls_total{outcome="done",tool="legs"} 1.0' in metrics
+    assert 'kame_tool_call_seconds_count{tool="legs"} 1.0' in metrics
+    lines = [json.loads(line) for folder in recordings.iterdir()
+             for line in (folder / "events.jsonl").read_text().splitlines()]
+    assert any(line["type"] == "tool" and line["name"] == "legs" and line["phase"] == "done" for line in lines)
+
+
+def test_a_tool_that_raises_or_times_out_gives_an_error_result_and_the_session_goes_on(tools_server, voices):
+    url, services, _ = tools_server
+    got = asyncio.run(converse(url, [(voices["hamlet"], "The lookup failed"), (voices["france"], "The lookup failed"),
+                                     (voices["spider"], "spiders have eight legs")]))
+    failed = {e.name: e for e in got.of("tool") if e.phase == "failed"}
+    assert "RuntimeError: the tool broke: on purpose" in failed["explode"].error
+    assert "did not answer within 0.5 s" in failed["slow"].error
+    assert got.text_stream.count("The lookup failed") >= 2
+    assert "spiders have eight legs" in got.text_stream  # the session went on
+    assert not [e for e in got.of("error")]
+
+
+def test_a_question_answered_only_by_the_knowledge_base(tools_server, voices, tool_llm):
+    url, services, _ = tools_server
+    got = asyncio.run(converse(url, [(voices["sky"], FROM_THE_NOTES)]))
+    assert FROM_THE_NOTES in got.text_stream and WITHOUT_NOTES not in got.text_stream
+    retrievals = [e for e in got.of("knowledge") if e.passages]
+    assert retrievals and retrievals[-1].sources == ["sky.md"] and retrievals[-1].tokens > 0
+    systems = [body["messages"][0]["content"] for body in tool_llm.requests if "sky" in body["messages"][-1]["content"]]
+    assert any("Reference notes" in s and "kelp glow" in s for s in systems)  # the passage reached the LLM
+    assert "search_knowledge" in [t["function"]["name"] for t in tool_llm.requests[-1]["tools"]]
+
+
+def test_without_knowledge_the_same_question_is_not_answered_from_it(tool_llm, voices, tiny_copy):
+    with running_server(asr="whisper", max_sessions=1, profiles=_profiles(tool_llm), llm="scripted") as (url, _):
+        got = asyncio.run(converse(url, [(voices["sky"], WITHOUT_NOTES)]))
+    assert WITHOUT_NOTES in got.text_stream and FROM_THE_NOTES not in got.text_stream
+    assert not got.of("knowledge") and not got.of("tool")
