@@ -91,6 +91,7 @@ class RealtimeSettings(BaseModel):
     activity: Literal["text", "text+audio"] = "text"  # what counts as speech: text tokens, or also audio energy
     energy_dbfs: float = Field(-40.0, ge=-90, le=0)  # with "text+audio": frame level that counts as speech
     response_timeout_s: float = Field(5.0, gt=0, le=60)  # a response.create the model does not answer: done empty
+    tool_timeout_s: float = Field(15.0, gt=0, le=120)  # a client function's output awaited this long, then an error
 
 
 class KyutaiSttSettings(BaseModel):

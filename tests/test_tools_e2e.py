@@ -33,6 +33,9 @@ def script(body: dict) -> ScriptedReply:
             return ScriptedReply(text="The lookup failed, sorry.")
         return ScriptedReply(text=f"The tool says {content}.")
     line = messages[-1]["content"].split("\n")[-1].lower()
+    offered = [tool["function"]["name"] for tool in body.get("tools", [])]
+    if "lookup_author" in offered and ("hamlet" in line or "wrote" in line):
+        return ScriptedReply(tool_calls=(ScriptedToolCall("lookup_author", {"play": "Hamlet"}),))
     if "legs" in line or "spider" in line:
         return ScriptedReply(text="Let me check.", tool_calls=(ScriptedToolCall("legs", {"animal": "spider"}),))
     if "hamlet" in line or "wrote" in line:
@@ -153,3 +156,46 @@ def test_without_knowledge_the_same_question_is_not_answered_from_it(tool_llm, v
         got = asyncio.run(converse(url, [(voices["sky"], WITHOUT_NOTES)]))
     assert WITHOUT_NOTES in got.text_stream and FROM_THE_NOTES not in got.text_stream
     assert not got.of("knowledge") and not got.of("tool")
+
+
+def test_a_realtime_client_declares_a_function_answers_its_call_and_hears_the_result(tools_server, voices):
+    from .test_realtime import Events, sdk, stream
+
+    url, services, _ = tools_server
+    function = {"type": "function", "name": "lookup_author", "description": "Who wrote a play.",
+                "parameters": {"type": "object", "properties": {"play": {"type": "string"}}, "required": ["play"]}}
+    answer = "William Shakespeare wrote it around sixteen hundred"
+
+    async def go():
+        async with sdk(url).realtime.connect(model="kame") as conn:
+            events = Events(conn)  # every GA event is validated against the SDK's own types
+            await events.type("session.created")
+            await conn.session.update(session={"type": "realtime", "tools": [function], "tool_choice": "auto",
+                                               "kame": {"events": True}})
+            updated = await events.type("session.updated")
+            audio = np.concatenate([np.zeros(12000, np.float32), voices["hamlet"], np.zeros(24000 * 6, np.float32)])
+            speaking = asyncio.ensure_future(stream(conn, audio))
+            call = await events.type("response.function_call_arguments.done", 25)
+            await conn.conversation.item.create(item={"type": "function_call_output", "call_id": call["call_id"],
+                                                      "output": answer})
+            heard = await events.wait_for(
+                lambda e: e["type"] == "response.output_audio_transcript.done" and "sixteen" in e["transcript"],
+                25, "the function's result, spoken")
+            speaking.cancel()
+            events.close()
+            return updated, call, heard, events
+
+    updated, call, heard, events = asyncio.run(go())
+    assert updated["session"]["tools"] == [function]
+    assert call["name"] == "lookup_author" and json.loads(call["arguments"]) == {"play": "Hamlet"}
+    added = next(e for e in events.of("response.output_item.added") if e["item"]["type"] == "function_call")
+    assert added["item"]["call_id"] == call["call_id"] and added["item"]["name"] == "lookup_author"
+    assert "".join(e["delta"] for e in events.of("response.function_call_arguments.delta")
+                   if e["call_id"] == call["call_id"]) == call["arguments"]
+    done = next(e for e in events.of("response.done") if e["response"]["output"]
+                and e["response"]["output"][0]["type"] == "function_call")
+    assert done["response"]["status"] == "completed"
+    assert any(e["item"]["type"] == "function_call_output" for e in events.of("conversation.item.added"))
+    assert answer in heard["transcript"]
+    tool_events = [e for e in events.of("kame.tool") if e["name"] == "lookup_author"]
+    assert [e["phase"] for e in tool_events][:2] == ["started", "done"] and tool_events[1]["result"] == answer
