@@ -542,11 +542,12 @@ class RealtimeSession(SocketSession):
             tandem.configure(backend=backend, system_prompt=instructions)
         if delay is not None:
             tandem.set_oracle_delay(delay)
-        tandem.set_client_tools(client_tools)
+        if "tools" in session or "tool_choice" in session:
+            tandem.set_client_tools(client_tools)
+            if client_tools and not tandem.planner.tools_on:  # no error event: frameworks end their session on one
+                logger.info("session %s: %d tools stored; backend %s calls no tools, so it answers without them",
+                            self.id, len(client_tools), tandem.backend)
         self._emit("session.updated", session=self._session_object(tandem))
-        if client_tools and not tandem.planner.tools_on:  # not an error event: frameworks end their session on one
-            logger.info("session %s: %d tools stored; backend %s calls no tools, so it answers without them",
-                        self.id, len(client_tools), tandem.backend)
 
     def _turn_detection(self, value: object) -> dict | None:
         if value is None:

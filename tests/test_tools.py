@@ -248,7 +248,7 @@ def test_cancelling_the_only_waiter_cancels_the_call_and_leaves_no_cache_entry()
     tool = CountingTool(delay_s=10)
 
     async def scenario():
-        box = ToolBox.of([tool])
+        box = ToolBox.of([tool], orphan_grace_s=0)
         waiter = asyncio.create_task(box.run(ToolCall("1", "count", "{}"), turn=1))
         await asyncio.sleep(0.05)
         waiter.cancel()
@@ -260,6 +260,29 @@ def test_cancelling_the_only_waiter_cancels_the_call_and_leaves_no_cache_entry()
 
     again = run(scenario())
     assert not again.cached and tool.calls == 2
+
+
+def test_an_orphaned_call_is_kept_for_its_grace_then_cancelled():
+    tool = CountingTool(delay_s=0.4)
+
+    async def scenario():
+        box = ToolBox.of([tool], orphan_grace_s=0.2)
+        first = asyncio.create_task(box.run(ToolCall("1", "count", "{}"), turn=1))
+        await asyncio.sleep(0.05)
+        first.cancel()  # the attempt that asked is cancelled by a newer one ...
+        await asyncio.sleep(0.1)
+        again = await box.run(ToolCall("2", "count", "{}"), turn=1)  # ... which asks for the same call in time
+        assert tool.calls == 1 and tool.cancelled == 0 and again.cached
+        tool.delay_s = 10
+        lone = asyncio.create_task(box.run(ToolCall("3", "count", '{"n": 2}'), turn=1))
+        await asyncio.sleep(0.05)
+        lone.cancel()  # nobody asks again: cancelled once the grace is over
+        await asyncio.sleep(0.1)
+        assert tool.cancelled == 0
+        await asyncio.sleep(0.2)
+        assert tool.cancelled == 1
+
+    run(scenario())
 
 
 def test_a_call_another_attempt_still_waits_for_is_not_cancelled():

@@ -524,3 +524,4 @@ class Planner:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.tools.aclose()

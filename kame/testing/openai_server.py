@@ -125,6 +125,12 @@ class ScriptedOpenAIServer:
             self._thread = None
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self._answer(request)
+        except ConnectionResetError:  # the client cancelled its stream (a newer attempt took over)
+            return web.Response(status=499)
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.received_at.append(time.monotonic())
         self.requests.append(body)

@@ -3,9 +3,13 @@ and the per-turn cache of calls.
 
 Within one user turn, an identical call (same name, same normalised arguments) is served from the
 cache, so that the planner's restarts on a growing partial transcript do not call a tool again and
-again; a call still running is shared, not repeated. A call is cancelled once no attempt waits for
-it any more (every attempt that asked for it was cancelled by a newer one); a cancelled call
-leaves nothing in the cache. A new user turn starts an empty cache.
+again; a call still running is shared, not repeated. A call is cancelled once no attempt has
+waited for it for `orphan_grace_s` (every attempt that asked for it was cancelled by a newer
+one, and no newer one asked for it again meanwhile); a cancelled call leaves nothing in the
+cache. The grace matters: a newer attempt that takes the oracle cancels the older ones at its
+first words ("let me check"), before its own round has reached the same call; without it, each
+restart would cancel the call and start it again (measured: docs/benchmarks.md, "Tool calls").
+A new user turn starts an empty cache.
 """
 
 from __future__ import annotations
@@ -29,12 +33,13 @@ class ToolBox:
     tools: dict[str, Tool] = field(default_factory=dict)
     spawn: Callable[..., asyncio.Task] | None = None  # how call tasks start (the session's TaskGroup)
     calls_made: int = 0  # tool calls really run (not served from the cache)
+    orphan_grace_s: float = 1.5  # a call no attempt waits for is cancelled after this long (0: at once)
     _turn: int = -1
     _cache: dict[tuple[str, str], _Shared] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, *sources: Mapping[str, Tool] | Iterable[Tool], spawn=None) -> ToolBox:
-        box = cls(spawn=spawn)
+    def of(cls, *sources: Mapping[str, Tool] | Iterable[Tool], spawn=None, orphan_grace_s: float = 1.5) -> ToolBox:
+        box = cls(spawn=spawn, orphan_grace_s=orphan_grace_s)
         for source in sources:
             for tool in source.values() if isinstance(source, Mapping) else source:
                 box.tools[tool.spec.name] = tool
@@ -75,12 +80,28 @@ class ToolBox:
         except asyncio.CancelledError:
             shared.waiters -= 1
             if shared.waiters == 0 and not shared.task.done():
-                shared.task.cancel()
-                if self._cache.get(key) is shared:
-                    del self._cache[key]
+                if self.orphan_grace_s <= 0:
+                    self._drop_orphan(key, shared)
+                else:
+                    asyncio.get_running_loop().call_later(self.orphan_grace_s, self._drop_orphan, key, shared)
             raise
         shared.waiters -= 1
         return dataclasses.replace(result, call=call, cached=cached) if cached else result
+
+    async def aclose(self) -> None:
+        """Cancel every call still running (the session ends)."""
+        tasks = [shared.task for shared in self._cache.values() if not shared.task.done()]
+        self._cache = {}
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _drop_orphan(self, key: tuple[str, str], shared: _Shared) -> None:
+        """Cancel a call nobody waits for (unless an attempt asked for it again meanwhile)."""
+        if shared.waiters == 0 and not shared.task.done():
+            shared.task.cancel()
+            if self._cache.get(key) is shared:
+                del self._cache[key]
 
     async def run_all(self, calls: list[ToolCall], turn: int) -> list[ToolResult]:
         """Every call of one LLM round, concurrently, results in the calls' order."""
