@@ -40,7 +40,7 @@ from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply, Scri
 from kame.tools import ToolBox
 from kame.tools.python_tool import PythonTool
 
-QUESTION = ("how many legs does a spider have and do all of the spiders in my garden have the same").split()
+QUESTION = ["how", "many", "legs", "does", "a", "spider", "have", "and", "do", "all", "of", "the", "spiders", "in", "my", "garden", "have", "the", "same"]
 EVERY_S = 0.5
 ANSWER = "Spiders have eight legs, all of them, the ones in your garden too."
 WORD_S = 0.05
