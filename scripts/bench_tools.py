@@ -33,14 +33,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kame.asr.events import FinalTranscript, PartialTranscript
 from kame.backend.llm import OpenAICompatibleLLM
-from kame.backend.planner import AttemptFinished, AttemptStarted, OracleEmitted, Planner, ToolCallFinished
+from kame.backend.planner import AttemptFinished, AttemptStarted, Planner
 from kame.backend.profiles import BackendProfile
 from kame.frontend.oracle import OracleOp
 from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall, last_tool_results
 from kame.tools import ToolBox
 from kame.tools.python_tool import PythonTool
 
-QUESTION = ["how", "many", "legs", "does", "a", "spider", "have", "and", "do", "all", "of", "the", "spiders", "in", "my", "garden", "have", "the", "same"]
+QUESTION_TEXT = "how many legs does a spider have and do all of the spiders in my garden have the same"
+QUESTION = QUESTION_TEXT.split()
 EVERY_S = 0.5
 ANSWER = "Spiders have eight legs, all of them, the ones in your garden too."
 WORD_S = 0.05
@@ -91,8 +92,6 @@ async def run_one(base_url: str, mode: str, latency_s: float, tool_s: float) -> 
             records.append(event.record)
         elif isinstance(event, AttemptFinished):
             finished.append(event.record)
-        elif isinstance(event, OracleEmitted | ToolCallFinished):
-            pass
 
     tools = ToolBox.of([PythonTool("legs", legs)]) if mode != "direct" else ToolBox()
     planner = Planner(llm, _OneTokenPerWord(), send_oracle, on_event, tools=tools)
