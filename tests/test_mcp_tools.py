@@ -50,3 +50,29 @@ def test_unprefixed_names_and_a_server_that_cannot_start():
         ToolRegistry.from_config({"gone": McpToolConfig(kind="mcp", command="/nonexistent/kame-mcp")})
     with pytest.raises(ToolError, match="either command"):
         ToolRegistry.from_config({"none": McpToolConfig(kind="mcp")})
+
+
+def test_the_readme_example_config_builds_its_knowledge_and_tools(monkeypatch):
+    from pathlib import Path
+
+    from kame.runtime import open_knowledge
+    from server.settings import load_settings
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    monkeypatch.syspath_prepend(str(root / "examples" / "knowledge_tools"))
+    settings = load_settings(root / "examples" / "knowledge_tools" / "config.toml")
+    tools = dict(settings.tools)
+    tools["tides"] = tools["tides"].model_copy(update={"command": sys.executable})  # this venv's python
+    registry = ToolRegistry.from_config(tools)
+    knowledge = open_knowledge(settings.knowledge_options())
+    try:
+        assert sorted(registry.tools) == ["order_status", "tides_broken", "tides_tide"]
+        call = ToolCall("1", "order_status", '{"order_id": "a17"}')
+        result = asyncio.run(run_tool(registry.get("order_status"), call))
+        assert result.content == "shipped on Monday, arriving Thursday"
+        retrieval = knowledge.retrieve("when does the shop open on sunday")
+        assert retrieval.passages[0].source == "opening-hours.md" and "ten" in retrieval.text
+    finally:
+        registry.close()
+        knowledge.close()
