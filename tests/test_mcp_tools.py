@@ -76,3 +76,35 @@ def test_the_readme_example_config_builds_its_knowledge_and_tools(monkeypatch):
     finally:
         registry.close()
         knowledge.close()
+
+
+def test_an_mcp_server_over_streamable_http(tmp_path):
+    import subprocess
+    import time
+
+    from .server_harness import free_port
+
+    port = free_port()
+    log = (tmp_path / "mcp.log").open("w")
+    server = subprocess.Popen([sys.executable, "-m", "kame.testing.mcp_server", "--http", str(port)],
+                              stdout=log, stderr=subprocess.STDOUT)
+    registry = None
+    try:
+        deadline = time.monotonic() + 30
+        while registry is None:
+            try:
+                registry = ToolRegistry.from_config({"tides": McpToolConfig(
+                    kind="mcp", url=f"http://127.0.0.1:{port}/mcp", connect_timeout_s=5)})
+            except ToolError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise
+                time.sleep(0.3)  # not listening yet
+        assert sorted(registry.tools) == ["tides_broken", "tides_tide"]
+        result = asyncio.run(run_tool(registry.get("tides_tide"), ToolCall("1", "tides_tide", '{"day": "monday"}')))
+        assert result.ok and result.content == "high tide at seven forty in the morning"
+    finally:
+        if registry is not None:
+            registry.close()
+        server.terminate()
+        server.wait(10)
+        log.close()

@@ -1,7 +1,10 @@
-"""A tiny MCP server over stdio, for tests and the README's example:
-`python -m kame.testing.mcp_server`. Two tools: a tide table of a made-up harbour, and one that fails."""
+"""A tiny MCP server, for tests and the README's example: `python -m kame.testing.mcp_server`
+(stdio), or `... --http PORT` (streamable HTTP at http://127.0.0.1:PORT/mcp). Two tools: a tide
+table of a made-up harbour, and one that fails."""
 
 from __future__ import annotations
+
+import argparse
 
 from mcp.server.mcpserver import MCPServer
 
@@ -23,4 +26,10 @@ def broken(reason: str = "scripted") -> str:
 
 
 if __name__ == "__main__":
-    server.run("stdio")
+    parser = argparse.ArgumentParser(description="a tiny MCP server for tests")
+    parser.add_argument("--http", type=int, metavar="PORT", help="serve streamable HTTP on this port (else stdio)")
+    port = parser.parse_args().http
+    if port is None:
+        server.run("stdio")
+    else:
+        server.run("streamable-http", host="127.0.0.1", port=port)
