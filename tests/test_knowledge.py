@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sqlite3
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -119,7 +122,8 @@ def test_every_file_type_is_indexed_with_its_title_and_text(tmp_path: Path):
             "The [guest network](http://x.example) key is `tortoise42`.",
             "page.html": "<html><head><title>Office  page</title><style>.secret { color: red }</style>"
             "<script>var hidden = 'javascriptonly';</script></head><body><p>The printer is on the "
-            "second floor.</p><script>trackerword()</script></body></html>",
+            "second floor.</p><script>trackerword()</script><table><tr><td>Room</td><td>Kitchen</td></tr>"
+            "</table></body></html>",
             "manual.pdf": make_pdf(["The espresso machine needs descaling", "every month."], title="Coffee Manual"),
             "untitled.pdf": make_pdf(["Fire exits are at both ends of the corridor."]),
             "data.json": '{"ignored": "jsonfileword"}',
@@ -142,7 +146,7 @@ def test_every_file_type_is_indexed_with_its_title_and_text(tmp_path: Path):
         assert "tortoise42" in guide.text and "**" not in guide.text and "http" not in guide.text
         page = top("printer")
         assert page.title == "Office page" and "second floor" in page.text
-        assert "color" not in page.text and "hidden" not in page.text
+        assert "color" not in page.text and "hidden" not in page.text and "Room Kitchen" in page.text
         manual = top("espresso descaling")
         assert (manual.source, manual.title) == ("manual.pdf", "Coffee Manual")
         assert "every month" in manual.text
@@ -433,3 +437,15 @@ def test_an_unreadable_file_is_reported_once_and_retried_until_it_reads(corpus: 
         stats = kb.refresh()
         assert (stats.added, stats.documents) == (1, 5)
         assert kb.search("swimming")[0].source == "pool.txt"
+
+
+def test_the_benchmark_script_runs_and_prints_its_table():
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_knowledge.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--documents", "12", "--queries", "20", "--rounds", "1", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "| memory | 12 |" in proc.stdout and "| file | 12 |" in proc.stdout
+    rows = json.loads(proc.stdout[proc.stdout.index("["):])
+    assert all(row["passages"] > 12 and row["retrievals"] == 20 and row["retrieve_p50_ms"] > 0 for row in rows)

@@ -15,6 +15,7 @@ _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
 _BLOCK_TAGS_TEXT = """p div br li ul ol dl dt dd h1 h2 h3 h4 h5 h6 tr table section article header footer aside nav
 blockquote pre hr figure figcaption main form fieldset address details summary"""
 _BLOCK_TAGS = frozenset(_BLOCK_TAGS_TEXT.split())
+_SPACED_TAGS = frozenset({"td", "th"})  # cells of a row: words apart, one paragraph
 _SKIPPED_TAGS = frozenset({"script", "style", "noscript", "template", "svg"})
 _MD_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$")
 _MD_LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
@@ -126,6 +127,8 @@ class _TextExtractor(HTMLParser):
             self._in = tag
         if tag in _BLOCK_TAGS:
             self.parts.append("\n\n")
+        elif tag in _SPACED_TAGS:
+            self.parts.append(" ")
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "head":
