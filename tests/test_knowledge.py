@@ -175,6 +175,29 @@ def test_passages_without_overlap_partition_the_text():
     assert " ".join(passages).split() == text.split()
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(min_value=0, max_value=60), min_size=1, max_size=12),
+    st.integers(min_value=1, max_value=40),
+    st.data(),
+)
+def test_passages_cover_the_text_in_order_within_the_size_with_a_bounded_overlap(sizes, passage_words, data):
+    overlap_words = data.draw(st.integers(min_value=0, max_value=passage_words - 1))
+    paragraphs = [" ".join(f"p{i}w{j}" for j in range(n)) for i, n in enumerate(sizes)]
+    passages = [p.split() for p in split_passages("\n\n".join(paragraphs), passage_words, overlap_words)]
+    seen: list[str] = []
+    for number, words in enumerate(passages):
+        assert 0 < len(words) <= passage_words
+        carried = [w for w in words if w in seen]
+        assert words[: len(carried)] == carried  # what repeats the passage before comes first ...
+        if number:
+            before = passages[number - 1]
+            assert len(carried) <= overlap_words and before[len(before) - len(carried) :] == carried
+        assert len(words) > len(carried)  # ... and every passage brings new words
+        seen += words[len(carried):]
+    assert seen == " ".join(paragraphs).split()  # every word once, in order
+
+
 def test_a_document_becomes_numbered_passages_in_the_index(tmp_path: Path):
     body = "\n\n".join(f"Paragraph {i} talks about topic{i} " + "filler " * 30 for i in range(6))
     write(tmp_path, {"long.md": "# Long\n\n" + body})
