@@ -336,13 +336,14 @@ def test_a_broken_file_is_reported_and_the_rest_is_indexed(corpus: Path):
             "truncated.pdf": make_pdf(["Cut short"])[:120],
             "binary.txt": b"\x00\x01\x02\x03 not text",
             "scan.pdf": make_pdf([]),
+            "odd.html": "<p>Notes</p><![!x",  # html.parser gives up on this one (an AssertionError)
         },
     )
     with KnowledgeBase(corpus) as kb:
         stats = kb.refresh()
         assert stats.documents == 5
         failed = dict(line.split(": ", 1) for line in stats.failed)
-        assert set(failed) == {"broken.pdf", "truncated.pdf", "binary.txt", "scan.pdf"}
+        assert set(failed) == {"broken.pdf", "truncated.pdf", "binary.txt", "scan.pdf", "odd.html"}
         assert failed["binary.txt"] == "binary content, not text"
         assert "no extractable text" in failed["scan.pdf"]
         assert kb.refresh().failed == []  # reported once; not tried again until the file changes
