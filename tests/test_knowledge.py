@@ -155,6 +155,15 @@ def test_every_file_type_is_indexed_with_its_title_and_text(tmp_path: Path):
             assert kb.search(word) == [], word
 
 
+def test_legacy_encodings_and_a_byte_order_mark_are_read(tmp_path: Path):
+    write(tmp_path, {"legacy.txt": "Le café ferme à minuit.".encode("cp1252"),
+                     "bom.md": "\ufeff# Crème brûlée\n\nServed on Fridays.".encode()})
+    with KnowledgeBase(tmp_path) as kb:
+        assert kb.refresh().failed == []
+        assert kb.search("cafe minuit")[0].text == "Le café ferme à minuit."  # diacritics folded for matching
+        assert kb.search("creme brulee")[0].title == "Crème brûlée"  # the BOM did not hide the heading
+
+
 def test_passages_follow_paragraphs_stay_within_the_size_and_overlap():
     paragraphs = [" ".join(f"p{i}w{j}" for j in range(n)) for i, n in enumerate([5, 7, 30, 3])]
     passages = split_passages("\n\n".join(paragraphs), passage_words=12, overlap_words=4)
