@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sqlite3
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -119,7 +122,8 @@ def test_every_file_type_is_indexed_with_its_title_and_text(tmp_path: Path):
             "The [guest network](http://x.example) key is `tortoise42`.",
             "page.html": "<html><head><title>Office  page</title><style>.secret { color: red }</style>"
             "<script>var hidden = 'javascriptonly';</script></head><body><p>The printer is on the "
-            "second floor.</p><script>trackerword()</script></body></html>",
+            "second floor.</p><script>trackerword()</script><table><tr><td>Room</td><td>Kitchen</td></tr>"
+            "</table></body></html>",
             "manual.pdf": make_pdf(["The espresso machine needs descaling", "every month."], title="Coffee Manual"),
             "untitled.pdf": make_pdf(["Fire exits are at both ends of the corridor."]),
             "data.json": '{"ignored": "jsonfileword"}',
@@ -142,13 +146,22 @@ def test_every_file_type_is_indexed_with_its_title_and_text(tmp_path: Path):
         assert "tortoise42" in guide.text and "**" not in guide.text and "http" not in guide.text
         page = top("printer")
         assert page.title == "Office page" and "second floor" in page.text
-        assert "color" not in page.text and "hidden" not in page.text
+        assert "color" not in page.text and "hidden" not in page.text and "Room Kitchen" in page.text
         manual = top("espresso descaling")
         assert (manual.source, manual.title) == ("manual.pdf", "Coffee Manual")
         assert "every month" in manual.text
         assert top("fire exits corridor").title == "untitled"  # no PDF title: the file's stem
         for word in ("javascriptonly", "trackerword", "jsonfileword", "hiddenword", "gitword", "secret"):
             assert kb.search(word) == [], word
+
+
+def test_legacy_encodings_and_a_byte_order_mark_are_read(tmp_path: Path):
+    write(tmp_path, {"legacy.txt": "Le café ferme à minuit.".encode("cp1252"),
+                     "bom.md": "\ufeff# Crème brûlée\n\nServed on Fridays.".encode()})
+    with KnowledgeBase(tmp_path) as kb:
+        assert kb.refresh().failed == []
+        assert kb.search("cafe minuit")[0].text == "Le café ferme à minuit."  # diacritics folded for matching
+        assert kb.search("creme brulee")[0].title == "Crème brûlée"  # the BOM did not hide the heading
 
 
 def test_passages_follow_paragraphs_stay_within_the_size_and_overlap():
@@ -169,6 +182,29 @@ def test_passages_without_overlap_partition_the_text():
     passages = split_passages(text, passage_words=20, overlap_words=0)
     assert [len(p.split()) for p in passages] == [18] * 5  # whole paragraphs of 9 only, 2 per passage
     assert " ".join(passages).split() == text.split()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(min_value=0, max_value=60), min_size=1, max_size=12),
+    st.integers(min_value=1, max_value=40),
+    st.data(),
+)
+def test_passages_cover_the_text_in_order_within_the_size_with_a_bounded_overlap(sizes, passage_words, data):
+    overlap_words = data.draw(st.integers(min_value=0, max_value=passage_words - 1))
+    paragraphs = [" ".join(f"p{i}w{j}" for j in range(n)) for i, n in enumerate(sizes)]
+    passages = [p.split() for p in split_passages("\n\n".join(paragraphs), passage_words, overlap_words)]
+    seen: list[str] = []
+    for number, words in enumerate(passages):
+        assert 0 < len(words) <= passage_words
+        carried = [w for w in words if w in seen]
+        assert words[: len(carried)] == carried  # what repeats the passage before comes first ...
+        if number:
+            before = passages[number - 1]
+            assert len(carried) <= overlap_words and before[len(before) - len(carried) :] == carried
+        assert len(words) > len(carried)  # ... and every passage brings new words
+        seen += words[len(carried):]
+    assert seen == " ".join(paragraphs).split()  # every word once, in order
 
 
 def test_a_document_becomes_numbered_passages_in_the_index(tmp_path: Path):
@@ -309,13 +345,14 @@ def test_a_broken_file_is_reported_and_the_rest_is_indexed(corpus: Path):
             "truncated.pdf": make_pdf(["Cut short"])[:120],
             "binary.txt": b"\x00\x01\x02\x03 not text",
             "scan.pdf": make_pdf([]),
+            "odd.html": "<p>Notes</p><![!x",  # html.parser gives up on this one (an AssertionError)
         },
     )
     with KnowledgeBase(corpus) as kb:
         stats = kb.refresh()
         assert stats.documents == 5
         failed = dict(line.split(": ", 1) for line in stats.failed)
-        assert set(failed) == {"broken.pdf", "truncated.pdf", "binary.txt", "scan.pdf"}
+        assert set(failed) == {"broken.pdf", "truncated.pdf", "binary.txt", "scan.pdf", "odd.html"}
         assert failed["binary.txt"] == "binary content, not text"
         assert "no extractable text" in failed["scan.pdf"]
         assert kb.refresh().failed == []  # reported once; not tried again until the file changes
@@ -433,3 +470,15 @@ def test_an_unreadable_file_is_reported_once_and_retried_until_it_reads(corpus: 
         stats = kb.refresh()
         assert (stats.added, stats.documents) == (1, 5)
         assert kb.search("swimming")[0].source == "pool.txt"
+
+
+def test_the_benchmark_script_runs_and_prints_its_table():
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_knowledge.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--documents", "12", "--queries", "20", "--rounds", "1", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "| memory | 12 |" in proc.stdout and "| file | 12 |" in proc.stdout
+    rows = json.loads(proc.stdout[proc.stdout.index("["):])
+    assert all(row["passages"] > 12 and row["retrievals"] == 20 and row["retrieve_p50_ms"] > 0 for row in rows)

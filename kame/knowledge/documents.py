@@ -15,6 +15,7 @@ _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
 _BLOCK_TAGS_TEXT = """p div br li ul ol dl dt dd h1 h2 h3 h4 h5 h6 tr table section article header footer aside nav
 blockquote pre hr figure figcaption main form fieldset address details summary"""
 _BLOCK_TAGS = frozenset(_BLOCK_TAGS_TEXT.split())
+_SPACED_TAGS = frozenset({"td", "th"})  # cells of a row: words apart, one paragraph
 _SKIPPED_TAGS = frozenset({"script", "style", "noscript", "template", "svg"})
 _MD_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$")
 _MD_LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
@@ -126,6 +127,8 @@ class _TextExtractor(HTMLParser):
             self._in = tag
         if tag in _BLOCK_TAGS:
             self.parts.append("\n\n")
+        elif tag in _SPACED_TAGS:
+            self.parts.append(" ")
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "head":
@@ -150,15 +153,17 @@ class _TextExtractor(HTMLParser):
 
 def _read_html(path: Path, text: str) -> Document:
     parser = _TextExtractor()
-    parser.feed(text)
-    parser.close()
+    try:
+        parser.feed(text)
+        parser.close()
+    except AssertionError as exc:  # html.parser's way to give up on some malformed declarations
+        raise DocumentError(f"unparsable HTML ({exc or 'a malformed declaration'})") from exc
     title = " ".join(parser.title.split()) or " ".join(parser.first_h1.split())
     return Document(title=title or _stem_title(path), text="".join(parser.parts))
 
 
 def _read_pdf(path: Path, data: bytes) -> Document:
     from pypdf import PdfReader  # imported here: only a knowledge base with PDFs needs it
-    from pypdf.errors import PyPdfError
 
     try:
         reader = PdfReader(io.BytesIO(data), strict=False)
@@ -168,8 +173,10 @@ def _read_pdf(path: Path, data: bytes) -> Document:
         metadata_title = (reader.metadata.title if reader.metadata else None) or ""
     except DocumentError:
         raise
-    except (PyPdfError, ValueError, KeyError, TypeError, AttributeError, IndexError, OSError) as exc:
-        # pypdf reports a damaged file through its own errors and, deep in its object parser, plain ones
+    except Exception as exc:
+        # pypdf parses untrusted bytes: besides its own errors, a damaged file can raise anything from
+        # deep in its object parser (KeyError, struct.error, RecursionError ...). It is this file's
+        # failure, reported with its reason, never the end of the refresh.
         raise DocumentError(f"unreadable PDF ({type(exc).__name__}: {exc})") from exc
     if pages and not any(page.strip() for page in pages):
         raise DocumentError("no extractable text (a scanned PDF needs OCR first)")

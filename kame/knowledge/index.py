@@ -230,6 +230,11 @@ class KnowledgeBase:
             target = str(self.index_path)
         try:
             conn = sqlite3.connect(target, check_same_thread=False)
+            if self.index_path is not None:
+                # the index is a cache of the files: WAL without a sync per commit (one per document)
+                # cannot corrupt it, and indexing is ~10x faster than with the default journal
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = NORMAL")
             self._prepare(conn)
         except sqlite3.Error as exc:
             message = f"{target} cannot be used as a knowledge index ({exc}): delete it or pick another"
@@ -299,7 +304,8 @@ class KnowledgeBase:
             await asyncio.sleep(interval_s)
 
     def close(self) -> None:
-        """Close the index; a refresh running on another thread stops at its next write."""
+        """Close the index; a refresh running on another thread stops at its next write, and
+        every later call raises KnowledgeError."""
         with self._lock:
             if not self._closed:
                 self._closed = True
