@@ -45,6 +45,7 @@ class ProfileSettings(BaseModel):
     max_tokens: int = Field(120, gt=0)
     temperature: float = Field(0.3, ge=0, le=2)
     kind: Literal["openai", "embedded"] = "openai"  # embedded: `model` is a .gguf file or model directory
+    tools: bool = True  # offer the session's tools (false for an endpoint that refuses the `tools` field)
 
 
 class PlannerSettings(BaseModel):

@@ -451,3 +451,36 @@ def test_scripted_server_gets_the_tool_result_back_as_a_tool_message(tok):
     from kame.backend.planner import OracleEmitted
     assert " ".join(e.text for e in events if isinstance(e, OracleEmitted)) == \
         "Your order is shipped on Monday, arriving Thursday."
+
+
+def test_calls_made_in_the_round_that_offered_no_tools_are_not_run(tok):
+    tool = CountingTool()
+    loop = FakeReply(("Hm.",), tool_calls=(ToolCall("c", "count", "{}"),))
+
+    async def scenario():
+        rig = PlannerRig(tok, [loop], [tool], config=PlannerConfig(max_tool_rounds=1))
+        await rig.ask("count forever")
+        await rig.planner.aclose()
+        return rig
+
+    rig = run(scenario())
+    assert len(rig.llm.calls) == 2 and tool.calls == 1  # the second round offered none: its call is ignored
+    assert rig.llm.tools_offered[1] is None
+
+
+def test_a_profile_can_turn_tools_off_and_a_broken_index_does_not_end_the_attempt(tok):
+    profile = BackendProfile("local", "http://127.0.0.1:1/v1", "m", None, tools=False)
+    assert not OpenAICompatibleLLM(profile).supports_tools
+
+    class BrokenIndex:
+        def retrieve(self, query, *, limit=4, budget_tokens=400):
+            raise RuntimeError("the index is closed")
+
+    async def scenario():
+        rig = PlannerRig(tok, [FakeReply(("Paris.",))])
+        rig.planner.knowledge = BrokenIndex()
+        await rig.ask("capital of France")
+        await rig.planner.aclose()
+        return rig
+
+    assert run(scenario()).oracle_text() == "Paris."

@@ -120,7 +120,7 @@ class OpenAICompatibleLLM:
     def __init__(self, profile: BackendProfile) -> None:
         self.profile = profile
         self.name = profile.name
-        self.supports_tools = True
+        self.supports_tools = profile.tools
         self._client: openai.AsyncOpenAI | None = None
 
     def _get_client(self) -> openai.AsyncOpenAI:

@@ -401,7 +401,7 @@ class Planner:
                     else:
                         said.append(item)
                         self._emit_words(stream, chunker.push(item))
-                if not calls:
+                if not calls or offered is None:  # calls it was not offered (the last round): not run
                     break
                 self._emit_words(stream, chunker.flush())  # what it said before the call is spoken now
                 results = await self._call_tools(stream, calls)
@@ -427,11 +427,16 @@ class Planner:
             extra.append(DATA_NOTE)
         if self.knowledge is not None:
             query = stream.record.user_text.partition(": ")[2] or stream.record.user_text
-            retrieval = await asyncio.to_thread(self.knowledge.retrieve, query, limit=self.config.knowledge_limit,
-                                                budget_tokens=self.config.knowledge_budget_tokens)
-            self._on_event(KnowledgeRetrieved(stream.record.epoch, retrieval))
-            if retrieval.text:
-                extra.append(retrieval.text)
+            try:
+                retrieval = await asyncio.to_thread(self.knowledge.retrieve, query, limit=self.config.knowledge_limit,
+                                                    budget_tokens=self.config.knowledge_budget_tokens)
+            except Exception as exc:  # a closed or broken index: this attempt answers without it
+                logger.warning("knowledge retrieval failed (%s: %s); the LLM answers without it",
+                               type(exc).__name__, exc)
+            else:
+                self._on_event(KnowledgeRetrieved(stream.record.epoch, retrieval))
+                if retrieval.text:
+                    extra.append(retrieval.text)
         if not extra:
             return messages
         system = "\n\n".join([messages[0].content, *extra])
