@@ -161,6 +161,8 @@ class Runtime:
             "asr": self.asr.name, "llm": self.default_profile,
             "llm_profiles": [p.public() for p in self.profiles.values()],
             "max_sessions": self.engine.batch_size, "free_slots": self.runner.free_slots,
+            "tools": [tool.spec.name for tool in self.session_tools()],
+            "knowledge": str(self.settings.knowledge.dir) if self.knowledge is not None else None,
         }
 
     async def aclose_llms(self) -> None:
