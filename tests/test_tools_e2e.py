@@ -48,8 +48,10 @@ def script(body: dict) -> ScriptedReply:
         return ScriptedReply(text="Let me check.", tool_calls=(ScriptedToolCall("legs", {"animal": "spider"}),))
     if "hamlet" in line or "wrote" in line:
         return ScriptedReply(tool_calls=(ScriptedToolCall("explode", {"reason": "on purpose"}),))
-    if "france" in line or "capital" in line:
-        return ScriptedReply(tool_calls=(ScriptedToolCall("slow", {"seconds": 2.0}),))
+    if "france" in line:  # says a few words first: this attempt takes the oracle and cancels the older ones
+        return ScriptedReply(text="Let me look that up.", tool_calls=(ScriptedToolCall("slow", {"seconds": 2.0}),))
+    if "what" in line:  # "what is the capital ...": unfinished, a long lookup, cancelled once France is heard
+        return ScriptedReply(tool_calls=(ScriptedToolCall("ponder", {"seconds": 10.0}),))
     if "sky" in line:
         known = "kelp glow" in messages[0]["content"]
         return ScriptedReply(text=(FROM_THE_NOTES if known else WITHOUT_NOTES) + ".")
@@ -60,6 +62,7 @@ TOOLS = {
     "legs": {"kind": "python", "callable": "kame.testing.tools:legs"},
     "explode": {"kind": "python", "callable": "kame.testing.tools:explode"},
     "slow": {"kind": "python", "callable": "kame.testing.tools:slow", "timeout_s": 0.5},
+    "ponder": {"kind": "python", "callable": "kame.testing.tools:ponder", "timeout_s": 15.0},
 }
 
 
@@ -152,6 +155,7 @@ def test_a_spoken_question_is_answered_through_a_python_tool(tools_server, voice
 def test_a_tool_that_raises_or_times_out_gives_an_error_result_and_the_session_goes_on(tools_server, voices):
     url, services, _ = tools_server
     wait_until_all_slots_free(services)
+    testing_tools.PONDERED.clear()
     got = asyncio.run(converse(url, [(voices["hamlet"], "The lookup failed"), (voices["france"], "The lookup failed"),
                                      (voices["spider"], "spiders have eight legs")]))
     failed = {e.name: e for e in got.of("tool") if e.phase == "failed"}
@@ -160,6 +164,11 @@ def test_a_tool_that_raises_or_times_out_gives_an_error_result_and_the_session_g
     assert got.text_stream.count("The lookup failed") >= 2
     assert "spiders have eight legs" in got.text_stream  # the session went on
     assert not [e for e in got.of("error")]
+    # a partial before "France" started a long lookup; the attempt on "... of France" took
+    # the oracle, cancelled the older attempt, and with it (after its grace) the lookup
+    assert testing_tools.PONDERED[:1] == ["started"] and "cancelled" in testing_tools.PONDERED
+    assert "done" not in testing_tools.PONDERED
+    assert any(e.name == "ponder" and e.phase == "cancelled" for e in got.of("tool"))
 
 
 def test_a_question_answered_only_by_the_knowledge_base(tools_server, voices, tool_llm):

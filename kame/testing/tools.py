@@ -54,3 +54,18 @@ def legs(animal: str) -> str:
     """
     LEG_CALLS.append(animal)
     return {"spider": "spiders have eight legs", "ant": "ants have six legs"}.get(animal.lower(), "nobody knows")
+
+
+PONDERED: list[str] = []  # "started" / "cancelled" / "done" of every `ponder` call
+
+
+async def ponder(seconds: float = 10.0) -> str:
+    """Thinks for a long time (an async tool whose cancellation a test can see)."""
+    PONDERED.append("started")
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        PONDERED.append("cancelled")
+        raise
+    PONDERED.append("done")
+    return "after long thought: no idea"
