@@ -23,6 +23,10 @@ class AudioFileError(KameError):
     """An audio file could not be read or written."""
 
 
+class KnowledgeError(KameError):
+    """The knowledge base cannot be used: a missing directory, an unusable index file, bad settings."""
+
+
 class SessionError(KameError):
     """A tandem session was asked for something it cannot do (unknown backend, closed session)."""
 

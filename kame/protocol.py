@@ -20,11 +20,13 @@ from kame.audio import FRAME_SIZE, SAMPLE_RATE  # named once in kame.audio; clie
 from kame.session_events import (
     AsrFailed,
     BackendChanged,
+    KnowledgeRetrieval,
     LLMAttempt,
     OracleApplied,
     OracleLead,
     SessionEvent,
     SessionFailed,
+    ToolCallEvent,
     Transcript,
 )
 
@@ -117,6 +119,34 @@ class LLMEvent(_Event):
     retry_in_s: float | None = None
 
 
+class ToolEvent(_Event):
+    """A tool call of an LLM attempt (docs/protocol.md, "Tool calls and retrievals")."""
+
+    type: Literal["tool"] = "tool"
+    phase: Literal["started", "done", "failed", "cancelled"]
+    epoch: int
+    call_id: str
+    name: str
+    arguments: str
+    result: str = ""  # with done/failed: the start of what went back to the LLM
+    elapsed_s: float | None = None
+    cached: bool = False
+    truncated: bool = False
+    error: str | None = None
+
+
+class KnowledgeEvent(_Event):
+    """An attempt's retrieval from the knowledge base."""
+
+    type: Literal["knowledge"] = "knowledge"
+    epoch: int
+    query: str
+    passages: int
+    sources: list[str]
+    tokens: int
+    elapsed_s: float
+
+
 class OracleLeadEvent(_Event):
     """End of the user's speech minus the time the oracle the answer used was applied (s)."""
 
@@ -154,7 +184,7 @@ class ErrorEvent(_Event):
 
 ServerEvent = Annotated[
     ReadyEvent | TranscriptEvent | OracleEvent | OracleLeadEvent | LLMEvent | BackendEvent | AsrStatusEvent | StatsEvent
-    | ErrorEvent,
+    | ErrorEvent | ToolEvent | KnowledgeEvent,
     Field(discriminator="type"),
 ]
 _server_events = TypeAdapter(ServerEvent)
@@ -181,6 +211,10 @@ def wire_event(event: SessionEvent) -> _Event | None:
                            accepted=event.accepted, late_tokens=event.late_tokens)
     if isinstance(event, LLMAttempt):
         return LLMEvent(**asdict(event))
+    if isinstance(event, ToolCallEvent):
+        return ToolEvent(**asdict(event))
+    if isinstance(event, KnowledgeRetrieval):
+        return KnowledgeEvent(**(asdict(event) | {"sources": list(event.sources)}))
     if isinstance(event, OracleLead):
         return OracleLeadEvent(lead_s=event.lead_s, epoch=event.epoch)
     if isinstance(event, BackendChanged):

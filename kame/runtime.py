@@ -1,6 +1,7 @@
 """What a process loads once and shares between its sessions: the front-end and its batched engine
-on the engine thread, the ASR engine, and the LLM clients of the backend profiles (each behind a
-circuit breaker). Built from a plain `RuntimeSettings`; transports build that from their config.
+on the engine thread, the ASR engine, the LLM clients of the backend profiles (each behind a
+circuit breaker), the configured tools (MCP servers connected) and the knowledge base (indexed).
+Built from a plain `RuntimeSettings`; transports build that from their config.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import torch
 
@@ -23,10 +25,22 @@ from kame.errors import FrontendLoadError
 from kame.frontend.engine import BatchedEngine
 from kame.frontend.loader import Frontend, check_quantize, load_frontend, resolve_device
 from kame.frontend.runner import EngineRunner
+from kame.tools.base import Tool
+from kame.tools.config import ToolConfig
+from kame.tools.knowledge_tool import KnowledgeTool
+from kame.tools.registry import ToolRegistry
 
 logger = logging.getLogger(__name__)
 
 OFFLINE_DEMO_HINT = "for the offline CPU demo run: kame serve --frontend tiny-copy"
+
+
+@dataclass(frozen=True)
+class KnowledgeOptions:
+    dir: Path  # the documents (.txt, .md, .html, .pdf), indexed at start-up
+    index_path: Path | None = None  # None: the index is kept in memory (rebuilt at each start)
+    watch_interval_s: float | None = 5.0  # re-index changed files this often; None: only on SIGHUP
+    tool: bool = True  # offer `search_knowledge` to models that call tools
 
 
 @dataclass(frozen=True)
@@ -49,6 +63,8 @@ class RuntimeSettings:
     engine_threads: int | None = None  # torch threads of the engine thread; None: 1 on a CPU
     breaker_failures: int = 5  # LLM failures in a row (per profile) that open its circuit ...
     breaker_cooldown_s: float = 30.0  # ... for this long
+    tools: Mapping[str, ToolConfig] = field(default_factory=dict)  # [tools.NAME]; empty: no tools
+    knowledge: KnowledgeOptions | None = None  # None: no knowledge base
 
     def resolved_frontend(self, cuda: bool) -> str:
         return self.frontend or ("SakanaAI/kame" if cuda else "tiny-copy")
@@ -64,6 +80,8 @@ class Runtime:
     engine: BatchedEngine
     runner: EngineRunner
     asr: AsrEngine
+    tools: ToolRegistry = field(default_factory=ToolRegistry)
+    knowledge: Any = None  # kame.knowledge.KnowledgeBase, or None
     _llms: dict[str, LLMClient] = field(default_factory=dict)
 
     @classmethod
@@ -94,6 +112,12 @@ class Runtime:
         logger.info("[4/4] LLM backend profiles: %s; default %s", ", ".join(settings.profiles),
                     settings.default_profile)
         runtime = cls(settings, frontend, engine, runner, asr)
+        try:
+            runtime.tools = ToolRegistry.from_config(settings.tools)
+            runtime.knowledge = open_knowledge(settings.knowledge)
+        except BaseException:
+            runtime.close()
+            raise
         if settings.profiles[settings.default_profile].kind == "embedded":
             started = time.perf_counter()
             runtime.llm(settings.default_profile).wait_ready()
@@ -119,12 +143,26 @@ class Runtime:
                                                  self.settings.breaker_cooldown_s)
         return self._llms[name]
 
+    def session_tools(self) -> list[Tool]:
+        """The tools every session starts with: the configured ones, and `search_knowledge`."""
+        tools = list(self.tools.tools.values())
+        if self.knowledge is not None and self.settings.knowledge.tool:
+            tools.append(KnowledgeTool(self.knowledge, self.planner.knowledge_limit))
+        return tools
+
+    def refresh_knowledge(self, why: str) -> None:
+        """Re-index the knowledge base now (blocking: run it off the event loop)."""
+        if self.knowledge is not None:
+            log_index_stats(self.knowledge.refresh(), why)
+
     def health(self) -> dict:
         return {
             "status": "ready", "frontend": self.frontend.source, "device": str(self.frontend.device),
             "asr": self.asr.name, "llm": self.default_profile,
             "llm_profiles": [p.public() for p in self.profiles.values()],
             "max_sessions": self.engine.batch_size, "free_slots": self.runner.free_slots,
+            "tools": [tool.spec.name for tool in self.session_tools()],
+            "knowledge": str(self.settings.knowledge.dir) if self.knowledge is not None else None,
         }
 
     async def aclose_llms(self) -> None:
@@ -135,6 +173,9 @@ class Runtime:
 
     def close(self) -> None:
         """Stop the engine thread and release the models (after `aclose_llms`)."""
+        self.tools.close()
+        if self.knowledge is not None:
+            self.knowledge.close()
         self.asr.close()
         self.runner.stop()
         self.engine.close()
@@ -144,6 +185,28 @@ class Runtime:
     async def aclose(self) -> None:
         await self.aclose_llms()
         self.close()
+
+
+def open_knowledge(options: KnowledgeOptions | None):
+    """The knowledge base of `options`, indexed (blocking), or None."""
+    if options is None:
+        return None
+    from kame.knowledge import KnowledgeBase
+
+    knowledge = KnowledgeBase(options.dir, index_path=options.index_path)
+    try:
+        log_index_stats(knowledge.refresh(), f"knowledge base {options.dir}")
+    except BaseException:
+        knowledge.close()
+        raise
+    return knowledge
+
+
+def log_index_stats(stats, why: str) -> None:
+    logger.info("%s: %d documents, %d passages (%d added, %d updated, %d removed) in %.2f s", why,
+                stats.documents, stats.passages, stats.added, stats.updated, stats.removed, stats.elapsed_s)
+    for failure in stats.failed:
+        logger.warning("knowledge base: cannot index %s", failure)
 
 
 def log_default_frontend(cuda: bool) -> str:

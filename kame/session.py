@@ -34,9 +34,12 @@ from kame.backend.planner import (
     AttemptFirstToken,
     AttemptStarted,
     BackendSwitched,
+    KnowledgeRetrieved,
     OracleEmitted,
     Planner,
     PlannerEvent,
+    ToolCallFinished,
+    ToolCallStarted,
 )
 from kame.codec import FrameSplitter
 from kame.errors import EngineError, SessionError, SlotsBusy
@@ -50,14 +53,18 @@ from kame.session_events import (
     AssistantText,
     BackendChanged,
     FramesSkipped,
+    KnowledgeRetrieval,
     LLMAttempt,
     OracleApplied,
     OracleLead,
     SessionEvent,
     SessionFailed,
     SessionStats,
+    ToolCallEvent,
     Transcript,
 )
+from kame.tools.base import Tool
+from kame.tools.toolbox import ToolBox
 
 logger = logging.getLogger(__name__)
 
@@ -151,8 +158,10 @@ class TandemSession:
         planner_config = runtime.planner
         if self.config.system_prompt is not None:
             planner_config = dataclasses.replace(planner_config, system_prompt=self.config.system_prompt)
+        tools = ToolBox.of(runtime.session_tools(), spawn=self._spawn)
         self.planner = Planner(runtime.llm(self.backend), runtime.frontend.tokenizer, self._send_oracle,
-                               self._on_planner_event, planner_config, spawn=self._spawn)
+                               self._on_planner_event, planner_config, spawn=self._spawn, tools=tools,
+                               knowledge=runtime.knowledge)
         self._main = self._loop.create_task(self._run(), name=f"session-{self.id}")
         logger.info("session %s started (slot %d, generation %d, backend %s)", self.id, self.handle.slot,
                     self.handle.generation, self.backend)
@@ -264,6 +273,15 @@ class TandemSession:
     def truncate_assistant(self, said: str, heard: str) -> bool:
         """Only `heard` of the assistant's words `said` reached the user: the history keeps that."""
         return self.planner.truncate_assistant(said, heard)
+
+    def set_client_tools(self, tools: list[Tool]) -> None:
+        """The tools a client declared (Realtime functions), replacing those it declared before;
+        the server's own tools stay."""
+        box = self.planner.tools
+        for name in [name for name, tool in box.tools.items() if getattr(tool, "client", False)]:
+            box.remove(name)
+        for tool in tools:
+            box.add(tool)
 
     def set_oracle_delay(self, seconds: float) -> None:
         """Hold oracle updates back this long from now on (latency experiments)."""
@@ -420,6 +438,15 @@ class TandemSession:
         self.handle.push_oracle(update)  # a released handle refuses it
 
     def _on_planner_event(self, event: PlannerEvent) -> None:
+        if isinstance(event, ToolCallStarted | ToolCallFinished):
+            self._emit(_tool_event(event))
+            return
+        if isinstance(event, KnowledgeRetrieved):
+            r = event.retrieval
+            self._emit(KnowledgeRetrieval(event.epoch, r.query, len(r.passages),
+                                          tuple(dict.fromkeys(p.source for p in r.passages)), r.tokens,
+                                          round(r.elapsed_s, 6)))
+            return
         if isinstance(event, OracleEmitted):
             self._oracle_text[id(event.update)] = event.text
             return
@@ -455,6 +482,21 @@ class TandemSession:
         self._lead_pending = None
         if self._speech_end is not None:
             self._emit(OracleLead(round(self._speech_end - self._reset_applied_at[epoch], 3), epoch))
+
+
+RESULT_PREVIEW_CHARS = 500  # of a tool's result, in events and recordings
+
+
+def _tool_event(event: ToolCallStarted | ToolCallFinished) -> ToolCallEvent:
+    call = event.call
+    if isinstance(event, ToolCallStarted):
+        return ToolCallEvent("started", event.epoch, call.id, call.name, call.arguments)
+    result = event.result
+    if result is None:
+        return ToolCallEvent("cancelled", event.epoch, call.id, call.name, call.arguments)
+    return ToolCallEvent("done" if result.ok else "failed", event.epoch, call.id, call.name, call.arguments,
+                         result.content[:RESULT_PREVIEW_CHARS], round(result.elapsed_s, 4), result.cached,
+                         result.truncated, result.error)
 
 
 class _SlotFailed(Exception):

@@ -74,6 +74,35 @@ class LLMAttempt:
 
 
 @dataclass(frozen=True)
+class ToolCallEvent:
+    """A tool call of an LLM attempt: started, then done, failed (its error went to the LLM as the
+    result) or cancelled (its attempt was)."""
+
+    phase: Literal["started", "done", "failed", "cancelled"]
+    epoch: int  # the attempt
+    call_id: str
+    name: str
+    arguments: str  # the JSON the model sent
+    result: str = ""  # with done/failed: what went back to the LLM (cut to a preview)
+    elapsed_s: float | None = None
+    cached: bool = False  # served from the user turn's cache
+    truncated: bool = False  # the result was cut to the tool's limit
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class KnowledgeRetrieval:
+    """An attempt's retrieval from the knowledge base, for its system message."""
+
+    epoch: int
+    query: str  # the search expression run
+    passages: int
+    sources: tuple[str, ...]
+    tokens: int  # estimated tokens added to the system message
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
 class OracleLead:
     """End of the user's speech minus the time the oracle that the answer used was applied:
     positive means the front-end had its guidance before the user stopped (speak while thinking)."""
@@ -122,4 +151,5 @@ class SessionFailed:
 
 
 SessionEvent = (AssistantAudio | AssistantText | Transcript | OracleApplied | LLMAttempt | OracleLead
-                | BackendChanged | AsrFailed | FramesSkipped | SessionStats | SessionFailed)
+                | BackendChanged | AsrFailed | FramesSkipped | SessionStats | SessionFailed | ToolCallEvent
+                | KnowledgeRetrieval)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
+import signal
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from kame.errors import EngineError, SessionError
 from kame.protocol import ProtocolError
+from kame.runtime import log_index_stats
 from server.access import AccessControl, Refusal
 from server.codec_thread import CodecThread
 from server.realtime import RealtimeSession
@@ -79,6 +82,39 @@ class DrainingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+def watch_knowledge(services: Services) -> Callable[[], None]:
+    """Re-index the knowledge base when its files change (every `watch_interval_s`) and on SIGHUP;
+    returns what stops both. Nothing to do without a knowledge base."""
+    runtime = services.runtime
+    if runtime.knowledge is None:
+        return lambda: None
+    loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task] = set()
+
+    def spawn(coro, name: str) -> None:
+        task = loop.create_task(coro, name=name)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    interval = runtime.settings.knowledge.watch_interval_s
+    if interval:
+        spawn(runtime.knowledge.watch(interval, lambda stats: log_index_stats(stats, "knowledge base changed")),
+              "knowledge-watch")
+    hup = False
+    with contextlib.suppress(ValueError, RuntimeError, NotImplementedError, AttributeError):  # not the main thread
+        loop.add_signal_handler(signal.SIGHUP, lambda: spawn(
+            asyncio.to_thread(runtime.refresh_knowledge, "SIGHUP: knowledge base re-indexed"), "knowledge-sighup"))
+        hup = True
+
+    def stop() -> None:
+        if hup:
+            loop.remove_signal_handler(signal.SIGHUP)
+        for task in tasks:
+            task.cancel()
+
+    return stop
+
+
 def create_app(settings: ServerSettings, services: Services | None = None,
                on_ready: Callable[[FastAPI], object] | None = None,
                health_extra: Callable[[], Awaitable[dict]] | None = None,
@@ -96,9 +132,11 @@ def create_app(settings: ServerSettings, services: Services | None = None,
                     settings.host, settings.port)
         if on_ready is not None:
             on_ready(app)
+        stop_watching = watch_knowledge(app.state.services)
         try:
             yield
         finally:
+            stop_watching()
             await drain()
             codec.close()
             await app.state.services.runtime.aclose_llms()  # on the loop that used them

@@ -30,6 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--llm-base-url", default=None, help="an ad-hoc OpenAI-compatible endpoint ...")
     serve.add_argument("--llm-model", default=None, help="... and its model (together: profile 'custom')")
     serve.add_argument("--llm-api-key-env", default=None, help="env var holding its key (default OPENAI_API_KEY)")
+    serve.add_argument("--knowledge", default=None, metavar="DIR",
+                       help="answer from the documents in DIR (.txt, .md, .html, .pdf): indexed at start-up, "
+                            "re-indexed when they change and on SIGHUP ([knowledge] in the config)")
     serve.add_argument("--record", default=None, metavar="DIR",
                        help="keep each session's audio and events in DIR (stores users' voices: off by default)")
     serve.add_argument("--auth-token", action="append", default=None, metavar="TOKEN",
@@ -56,7 +59,7 @@ def run_serve(args: argparse.Namespace) -> int:
         args.config, host=args.host, port=args.port, frontend=args.frontend, device=args.device,
         quantize=args.quantize, max_sessions=args.max_sessions, asr=args.asr, asr_model=args.asr_model, llm=args.llm,
         llm_base_url=args.llm_base_url, llm_model=args.llm_model, llm_api_key_env=args.llm_api_key_env,
-        auth_tokens=args.auth_token, record_dir=args.record)
+        auth_tokens=args.auth_token, record_dir=args.record, knowledge_dir=args.knowledge)
     if args.ray or args.replicas or args.autoscale or args.ray_address:
         return _run_ray(args, settings)
     services = Services.start(settings)  # load and warm everything before the port opens

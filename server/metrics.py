@@ -17,10 +17,12 @@ from kame.audio import FRAME_S
 from kame.session_events import (
     AssistantAudio,
     FramesSkipped,
+    KnowledgeRetrieval,
     LLMAttempt,
     OracleApplied,
     OracleLead,
     SessionEvent,
+    ToolCallEvent,
     Transcript,
 )
 
@@ -59,6 +61,12 @@ class Metrics:
         self.oracle_lead = Histogram("kame_oracle_lead_seconds", "end of the user's speech - the time the oracle "
                                      "the answer used was applied (positive: speak while thinking)",
                                      buckets=_LEAD_BUCKETS, registry=r)
+        self.tool_calls = Counter("kame_tool_calls_total", "tool calls by tool and outcome (done, failed, "
+                                  "cancelled, cached)", ["tool", "outcome"], registry=r)
+        self.tool_seconds = Histogram("kame_tool_call_seconds", "tool call latency (calls really run)", ["tool"],
+                                      buckets=_S_BUCKETS, registry=r)
+        self.knowledge_seconds = Histogram("kame_knowledge_retrieval_seconds", "knowledge retrieval per attempt",
+                                           buckets=_MS_BUCKETS, registry=r)
 
     def watch_runtime(self, runtime) -> None:
         """Read the engine's slot count and counters at each scrape."""
@@ -123,3 +131,9 @@ class SessionMetrics:
             m.frames_dropped.labels("in").inc(event.count)
         elif isinstance(event, OracleLead):
             m.oracle_lead.observe(event.lead_s)
+        elif isinstance(event, ToolCallEvent) and event.phase != "started":
+            m.tool_calls.labels(event.name, "cached" if event.cached else event.phase).inc()
+            if event.elapsed_s is not None and not event.cached:
+                m.tool_seconds.labels(event.name).observe(event.elapsed_s)
+        elif isinstance(event, KnowledgeRetrieval):
+            m.knowledge_seconds.observe(event.elapsed_s)

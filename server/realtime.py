@@ -5,7 +5,10 @@ burst of assistant speech: it opens when the front-end starts producing text (or
 `[realtime] activity = "text+audio"`, audio energy) after quiet, and closes after `quiet_s`
 without it; quiet frames between responses are not sent. The user's side comes from the
 session's streaming ASR: its first partial transcript of an utterance is `speech_started`, its
-final is `speech_stopped` + `committed` + the user item. docs/realtime.md has the whole mapping.
+final is `speech_stopped` + `committed` + the user item. Tools the client declares become
+function calls the backend LLM may make: each is sent as a response of its own with a
+`function_call` item, and the client's `function_call_output` goes back to the LLM, whose stream
+goes on. docs/realtime.md has the whole mapping.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import binascii
 import dataclasses
 import json
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -30,6 +34,7 @@ from kame.protocol import ProtocolError, wire_event
 from kame.session import TandemSession
 from kame.session_events import AssistantAudio, AssistantText, SessionFailed, Transcript
 from kame.telephony import TELEPHONE_RATE, Downsampler, Upsampler, alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from kame.tools.base import ToolLimits, ToolSpec
 from server.services import Services
 from server.transport import Ended, SocketSession
 
@@ -165,6 +170,38 @@ class _UserItem:
     done: bool = False  # its item was sent
 
 
+class ClientTool:
+    """A function the Realtime client declared: the backend LLM calls it, the client runs it."""
+
+    client = True  # TandemSession.set_client_tools replaces these, the server's tools stay
+
+    def __init__(self, session: RealtimeSession, spec: ToolSpec, limits: ToolLimits) -> None:
+        self.session, self.spec, self.limits = session, spec, limits
+
+    async def call(self, arguments: dict) -> str:
+        return await self.session.call_client_function(self.spec.name, arguments)
+
+
+def _client_tools(session: RealtimeSession, tools: list, timeout_s: float) -> list[ClientTool]:
+    """The client's `{"type": "function", "name", "description", "parameters"}` tools."""
+    parsed = []
+    for index, tool in enumerate(tools):
+        param = f"session.tools[{index}]"
+        if tool.get("type", "function") != "function":
+            raise RealtimeError("invalid_value", f"only function tools are served, not {tool.get('type')!r}", param)
+        name = tool.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+            raise RealtimeError("invalid_value", "a function's name is 1-64 letters, digits, _ or -", f"{param}.name")
+        parameters = tool.get("parameters") or {"type": "object", "properties": {}}
+        if not isinstance(parameters, dict):
+            raise RealtimeError("invalid_value", "parameters is a JSON schema object", f"{param}.parameters")
+        description = tool.get("description") or ""
+        if not isinstance(description, str):
+            raise RealtimeError("invalid_value", "description is text", f"{param}.description")
+        parsed.append(ClientTool(session, ToolSpec(name, description, parameters), ToolLimits(timeout_s, 8000)))
+    return parsed
+
+
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:20]}"
 
@@ -242,6 +279,7 @@ class RealtimeSession(SocketSession):
         self._last_item_id: str | None = None
         self._event_count = 0
         self._energy = 10 ** (self.options.energy_dbfs / 20)
+        self._calls: dict[str, asyncio.Future[str]] = {}  # function calls the client has not answered yet
 
     def _server_vad(self) -> dict:
         """The turn detection the server actually does (the ASR's endpointing), in Realtime's terms."""
@@ -492,6 +530,8 @@ class RealtimeSession(SocketSession):
             new.tool_choice = choice
         if "model" in session:
             new.model = _text(session["model"], "session.model")
+        client_tools = _client_tools(self, new.tools if new.tool_choice != "none" else [],
+                                     self.options.tool_timeout_s)
         # everything checked: apply
         if new.input_format != self.config.input_format:
             self._decode = new.input_format.decoder()
@@ -502,10 +542,12 @@ class RealtimeSession(SocketSession):
             tandem.configure(backend=backend, system_prompt=instructions)
         if delay is not None:
             tandem.set_oracle_delay(delay)
+        if "tools" in session or "tool_choice" in session:
+            tandem.set_client_tools(client_tools)
+            if client_tools and not tandem.planner.tools_on:  # no error event: frameworks end their session on one
+                logger.info("session %s: %d tools stored; backend %s calls no tools, so it answers without them",
+                            self.id, len(client_tools), tandem.backend)
         self._emit("session.updated", session=self._session_object(tandem))
-        if new.tools:  # not an error event: frameworks end their session on one
-            logger.info("session %s: %d tools stored; tool calls are not supported yet, the backend answers "
-                        "without them", self.id, len(new.tools))
 
     def _turn_detection(self, value: object) -> dict | None:
         if value is None:
@@ -532,8 +574,12 @@ class RealtimeSession(SocketSession):
         if not isinstance(item, dict):
             raise RealtimeError("invalid_value", "conversation.item.create needs an 'item' object", "item")
         kind = item.get("type", "message")
-        if kind in ("function_call", "function_call_output"):
-            raise RealtimeError("tools_unsupported", f"{kind} items need tool calls, not supported yet", "item.type")
+        if kind == "function_call_output":
+            self._function_output(item)
+            return
+        if kind == "function_call":
+            raise RealtimeError("invalid_value", "function calls are the model's to make: send their "
+                                "function_call_output", "item.type")
         if kind != "message" or item.get("role") != "user":
             raise RealtimeError("invalid_value", "only user text messages can be added (the assistant's turns "
                                 "are what the front-end says)", "item.role")
@@ -550,6 +596,50 @@ class RealtimeSession(SocketSession):
         stored = {"id": item_id or _id("item"), "object": "realtime.item", "type": "message",
                   "role": "user", "status": "completed", "content": parts}
         self._add_item(stored)
+
+    # ---------------------------------------------------------------- client functions
+
+    async def call_client_function(self, name: str, arguments: dict) -> str:
+        """The backend LLM calls the client's function `name`: send the call as a response of its
+        own, wait for the client's function_call_output (the tool's timeout bounds the wait)."""
+        call_id, item_id = _id("call"), _id("item")
+        text = json.dumps(arguments)
+        response = _Response(_id("resp"), item_id, False, time.monotonic(), modalities=self.config.output_modalities)
+        self._emit("response.created", response=self._response_object(response, "in_progress"))
+        item = {"id": item_id, "object": "realtime.item", "type": "function_call", "status": "in_progress",
+                "name": name, "call_id": call_id, "arguments": ""}
+        common = {"response_id": response.id, "item_id": item_id, "output_index": 0}
+        self._emit("response.output_item.added", response_id=response.id, output_index=0, item=item)
+        previous, self._last_item_id = self._last_item_id, item_id
+        self._emit("conversation.item.added", previous_item_id=previous, item=item)
+        for start in range(0, len(text), 64):
+            self._emit("response.function_call_arguments.delta", call_id=call_id, delta=text[start:start + 64],
+                       **common)
+        self._emit("response.function_call_arguments.done", call_id=call_id, name=name, arguments=text, **common)
+        done = item | {"status": "completed", "arguments": text}
+        self._emit("response.output_item.done", response_id=response.id, output_index=0, item=done)
+        self._emit("conversation.item.done", previous_item_id=previous, item=done)
+        self._store(done)
+        self._emit("response.done", response=self._response_object(response, "completed", output=[done]))
+        waiting = self._calls[call_id] = asyncio.get_running_loop().create_future()
+        try:
+            return await waiting
+        finally:
+            self._calls.pop(call_id, None)
+
+    def _function_output(self, item: dict) -> None:
+        call_id, output = item.get("call_id"), item.get("output")
+        if not isinstance(call_id, str) or not isinstance(output, str):
+            raise RealtimeError("invalid_value", "a function_call_output has a call_id and an output string",
+                                "item.call_id")
+        waiting = self._calls.get(call_id)
+        if waiting is None or waiting.done():
+            raise RealtimeError("invalid_value", f"no function call {call_id!r} is waiting for its output "
+                                "(answered already, or timed out)", "item.call_id")
+        waiting.set_result(output)
+        self._add_item({"id": item.get("id") or _id("item"), "object": "realtime.item",
+                        "type": "function_call_output", "call_id": call_id, "output": output,
+                        "status": "completed"})
 
     def _store(self, item: dict) -> None:
         self._items[item["id"]] = item

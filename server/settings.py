@@ -14,8 +14,9 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from kame.backend.planner import DEFAULT_SYSTEM_PROMPT, PlannerConfig
 from kame.backend.profiles import DEFAULT_PROFILES, BackendProfile
 from kame.errors import KameError
-from kame.runtime import RuntimeSettings
+from kame.runtime import KnowledgeOptions, RuntimeSettings
 from kame.session import SessionConfig
+from kame.tools.config import ToolConfig
 
 
 class SettingsError(KameError):
@@ -44,6 +45,7 @@ class ProfileSettings(BaseModel):
     max_tokens: int = Field(120, gt=0)
     temperature: float = Field(0.3, ge=0, le=2)
     kind: Literal["openai", "embedded"] = "openai"  # embedded: `model` is a .gguf file or model directory
+    tools: bool = True  # offer the session's tools (false for an endpoint that refuses the `tools` field)
 
 
 class PlannerSettings(BaseModel):
@@ -57,6 +59,19 @@ class PlannerSettings(BaseModel):
     max_concurrent_streams: int = Field(4, ge=1)  # LLM streams that may run at once; the newest that speaks wins
     keep_agreeing_oracle: bool = True  # a newer answer that repeats the oracle extends it instead of restarting it
     max_history_turns: int = Field(20, ge=1, le=1000)  # conversation turns kept in the LLM's prompt
+    max_tool_rounds: int = Field(3, ge=1, le=10)  # tool-call rounds per LLM attempt (then it must answer)
+
+
+class KnowledgeSettings(BaseModel):
+    """[knowledge] (or `--knowledge DIR`): a folder of documents the backend LLM answers from."""
+
+    model_config = ConfigDict(extra="forbid")
+    dir: Path | None = None  # None: no knowledge base
+    index_path: Path | None = None  # keep the index in this SQLite file between runs; None: in memory
+    limit: int = Field(4, ge=1, le=50)  # passages per LLM attempt ...
+    budget_tokens: int = Field(400, ge=50, le=8000)  # ... within about this many tokens of the system message
+    watch_interval_s: float = Field(5.0, ge=0)  # re-index changed files this often; 0: only on SIGHUP
+    tool: bool = True  # also offer the `search_knowledge` tool to models that call tools
 
 
 class WhisperSettings(BaseModel):
@@ -77,6 +92,7 @@ class RealtimeSettings(BaseModel):
     activity: Literal["text", "text+audio"] = "text"  # what counts as speech: text tokens, or also audio energy
     energy_dbfs: float = Field(-40.0, ge=-90, le=0)  # with "text+audio": frame level that counts as speech
     response_timeout_s: float = Field(5.0, gt=0, le=60)  # a response.create the model does not answer: done empty
+    tool_timeout_s: float = Field(15.0, gt=0, le=120)  # a client function's output awaited this long, then an error
 
 
 class KyutaiSttSettings(BaseModel):
@@ -108,6 +124,8 @@ class ServerSettings(BaseSettings):
     whisper: WhisperSettings = Field(default_factory=WhisperSettings)
     kyutai_stt: KyutaiSttSettings = Field(default_factory=KyutaiSttSettings)
     realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
+    tools: dict[str, ToolConfig] = Field(default_factory=dict)  # [tools.NAME]; none: the LLM is offered no tools
+    knowledge: KnowledgeSettings = Field(default_factory=KnowledgeSettings)
     replica: str | None = Field(None, exclude=True)  # set by `kame serve --ray` in each replica: its stable id
     engine_clock: Literal["tick", "eager"] = "tick"  # tick: one batched step per 80 ms frame for every session
     jitter_frames: int = Field(3, ge=0)  # input frames a session may queue before it skips to live (tick)
@@ -175,7 +193,14 @@ class ServerSettings(BaseSettings):
         return "embedded", "no OPENAI_API_KEY: the small in-process model (a demo; set a key or --llm for real answers)"
 
     def planner_config(self) -> PlannerConfig:
-        return PlannerConfig(system_prompt=self.system_prompt, **self.planner.model_dump())
+        return PlannerConfig(system_prompt=self.system_prompt, knowledge_limit=self.knowledge.limit,
+                             knowledge_budget_tokens=self.knowledge.budget_tokens, **self.planner.model_dump())
+
+    def knowledge_options(self) -> KnowledgeOptions | None:
+        k = self.knowledge
+        if k.dir is None:
+            return None
+        return KnowledgeOptions(k.dir, k.index_path, k.watch_interval_s or None, k.tool)
 
     def runtime_settings(self) -> RuntimeSettings:
         """The library runtime's part of the settings."""
@@ -187,7 +212,7 @@ class ServerSettings(BaseSettings):
             planner=self.planner_config(), engine_clock=self.engine_clock, jitter_frames=self.jitter_frames,
             batch_window_s=self.batch_window_ms / 1000, max_pending_frames=self.max_pending_frames,
             engine_threads=self.engine_threads, breaker_failures=self.breaker_failures,
-            breaker_cooldown_s=self.breaker_cooldown_s)
+            breaker_cooldown_s=self.breaker_cooldown_s, tools=dict(self.tools), knowledge=self.knowledge_options())
 
     def asr_options(self) -> dict[str, dict]:
         """Each ASR engine's own settings, by engine name."""
@@ -230,6 +255,10 @@ def read_config_file(path: str | Path) -> dict:
 def load_settings(config_file: str | Path | None = None, **cli: object) -> ServerSettings:
     """Build the settings once: defaults < `config_file` < KAME_* env < `cli` (None values ignored)."""
     _TomlSource.data = read_config_file(config_file) if config_file else {}
+    knowledge_dir = cli.pop("knowledge_dir", None)  # --knowledge DIR: over [knowledge] dir, the rest kept
+    if knowledge_dir is not None:
+        table = cli.get("knowledge") or _TomlSource.data.get("knowledge") or {}
+        cli["knowledge"] = {**table, "dir": knowledge_dir}
     try:
         return ServerSettings(**{k: v for k, v in cli.items() if v is not None})
     except ValidationError as exc:

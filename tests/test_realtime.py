@@ -201,7 +201,7 @@ def test_every_bad_event_gets_an_error_and_the_session_goes_on(tandem_server):
             "type": "audio/pcm", "rate": 16000}}}}}, "invalid_value"),
         ({"type": "input_audio_buffer.append", "audio": "A" * (2 << 20)}, "event_too_large"),
         ({"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "c",
-                                                       "output": "{}"}}, "tools_unsupported"),
+                                                       "output": "{}"}}, "invalid_value"),  # no such call
         ({"type": "conversation.item.truncate", "item_id": "item_nope", "content_index": 0,
           "audio_end_ms": 10}, "item_truncate_invalid_item_id"),
         ({"type": "response.cancel"}, "response_cancel_not_active"),

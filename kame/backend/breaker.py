@@ -22,6 +22,7 @@ class CircuitBreakerLLM:
     def __init__(self, inner: LLMClient, threshold: int = 5, cooldown_s: float = 30.0, clock: Clock | None = None):
         self.inner, self.threshold, self.cooldown_s = inner, threshold, cooldown_s
         self.name = inner.name
+        self.supports_tools = getattr(inner, "supports_tools", False)
         self.clock = clock or MonotonicClock()
         self.failures = 0
         self.opened_at: float | None = None
@@ -33,7 +34,7 @@ class CircuitBreakerLLM:
             return "closed"
         return "half-open" if self.clock.now() - self.opened_at >= self.cooldown_s else "open"
 
-    async def stream_chat(self, messages: list[ChatMessage]) -> AsyncIterator[str]:
+    async def stream_chat(self, messages: list[ChatMessage], **options) -> AsyncIterator:
         state = self.state
         if state == "open" or (state == "half-open" and self._trial_running):
             remaining = max(0.0, self.cooldown_s - (self.clock.now() - (self.opened_at or 0.0)))
@@ -41,7 +42,7 @@ class CircuitBreakerLLM:
                            f"next try in {remaining:.0f} s", retry_after_s=remaining or self.cooldown_s)
         self._trial_running = state == "half-open"
         try:
-            async for delta in self.inner.stream_chat(messages):
+            async for delta in self.inner.stream_chat(messages, **options):
                 yield delta
         except LLMError as exc:
             if exc.kind in _COUNTED:

@@ -1,5 +1,9 @@
 """LLM clients: anything that streams a chat completion as text deltas (`LLMClient`), and the
-OpenAI-compatible implementation on the `openai` package (OpenAI, Anthropic, Gemini, vLLM, ...)."""
+OpenAI-compatible implementation on the `openai` package (OpenAI, Anthropic, Gemini, vLLM, ...).
+
+A client that can call tools (`supports_tools`) takes `tools=[ToolSpec, ...]` and then yields,
+besides text deltas, one `ToolCalls` item at the end of a round: the calls assembled from the
+streamed `delta.tool_calls` fragments (arguments arrive split across many chunks)."""
 
 from __future__ import annotations
 
@@ -8,21 +12,77 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import httpx2
 import openai
 
 from kame.backend.profiles import BackendProfile
 from kame.errors import KameError
+from kame.tools.base import ToolCall, ToolSpec
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ChatMessage:
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant message that called tools
+    tool_call_id: str | None = None  # a tool message: the call it answers
+
+    def openai(self) -> dict:
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.name, "arguments": c.arguments}} for c in self.tool_calls]
+            message["content"] = self.content or None
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+@dataclass(frozen=True)
+class ToolCalls:
+    """The tool calls one round of a stream ended with (finish_reason "tool_calls")."""
+
+    calls: tuple[ToolCall, ...]
+
+
+class ToolCallAssembler:
+    """Joins streamed `delta.tool_calls` fragments (by `index`: the first names the call, the next
+    ones add pieces of its JSON arguments) into whole calls."""
+
+    def __init__(self) -> None:
+        self._parts: dict[int, dict] = {}
+
+    def push(self, fragments: list | None) -> None:
+        for fragment in fragments or ():
+            get = fragment.get if isinstance(fragment, dict) else lambda key, f=fragment: getattr(f, key, None)
+            index = get("index") or 0
+            part = self._parts.setdefault(index, {"id": "", "name": "", "arguments": []})
+            if get("id"):
+                part["id"] = get("id")
+            function = get("function")
+            if function is not None:
+                fget = function.get if isinstance(function, dict) else lambda k, f=function: getattr(f, k, None)
+                if fget("name"):
+                    part["name"] += fget("name")
+                if fget("arguments"):
+                    part["arguments"].append(fget("arguments"))
+
+    def __bool__(self) -> bool:
+        return bool(self._parts)
+
+    def calls(self) -> tuple[ToolCall, ...]:
+        """The assembled calls, in index order (a call without an id gets one)."""
+        calls = []
+        for index in sorted(self._parts):
+            part = self._parts[index]
+            if not part["name"]:
+                raise ValueError(f"tool call {index} has no function name")
+            calls.append(ToolCall(part["id"] or f"call_{index}", part["name"], "".join(part["arguments"]) or "{}"))
+        return tuple(calls)
 
 
 ErrorKind = Literal["connection", "timeout", "auth", "rate_limit", "server", "bad_request", "protocol", "config",
@@ -41,7 +101,8 @@ class LLMClient(Protocol):
     name: str  # the profile name, for events and metrics
 
     def stream_chat(self, messages: list[ChatMessage]) -> AsyncIterator[str]:
-        """Stream the answer as text deltas; raise LLMError on failure."""
+        """Stream the answer as text deltas; raise LLMError on failure. A client with
+        `supports_tools = True` also takes `tools=` and may yield `ToolCalls` last."""
 
 
 def api_key_for(profile: BackendProfile) -> str:
@@ -59,6 +120,7 @@ class OpenAICompatibleLLM:
     def __init__(self, profile: BackendProfile) -> None:
         self.profile = profile
         self.name = profile.name
+        self.supports_tools = profile.tools
         self._client: openai.AsyncOpenAI | None = None
 
     def _get_client(self) -> openai.AsyncOpenAI:
@@ -69,12 +131,15 @@ class OpenAICompatibleLLM:
                                               timeout=timeout, max_retries=0)
         return self._client
 
-    async def stream_chat(self, messages: list[ChatMessage]) -> AsyncIterator[str]:
+    async def stream_chat(self, messages: list[ChatMessage], tools: list[ToolSpec] | None = None
+                          ) -> AsyncIterator[str | ToolCalls]:
         client = self._get_client()
+        extra = {"tools": [tool.openai() for tool in tools]} if tools else {}
+        assembler = ToolCallAssembler()
         try:
             stream = await asyncio.wait_for(client.chat.completions.create(
-                model=self.profile.model, messages=[{"role": m.role, "content": m.content} for m in messages],
-                stream=True, max_tokens=self.profile.max_tokens, temperature=self.profile.temperature,
+                model=self.profile.model, messages=[m.openai() for m in messages],
+                stream=True, max_tokens=self.profile.max_tokens, temperature=self.profile.temperature, **extra,
             ), self.profile.first_token_timeout_s)
             chunks = aiter(stream)
             limit = self.profile.first_token_timeout_s
@@ -82,11 +147,17 @@ class OpenAICompatibleLLM:
                 try:
                     chunk = await asyncio.wait_for(anext(chunks), limit)
                 except StopAsyncIteration:
-                    return
+                    break
                 limit = self.profile.token_timeout_s
-                delta = chunk.choices[0].delta.content if chunk.choices else None
-                if delta:
-                    yield delta
+                if not chunk.choices:
+                    continue
+                delta = chunk.choices[0].delta
+                if delta.content:
+                    yield delta.content
+                if delta.tool_calls:
+                    assembler.push(delta.tool_calls)
+            if assembler:
+                yield ToolCalls(assembler.calls())
         except TimeoutError as exc:
             raise LLMError("timeout", f"{self.name}: no token within the time allowed") from exc
         except openai.APIError as exc:

@@ -20,6 +20,7 @@ class BackendProfile:
     max_tokens: int = 120  # a spoken answer of ~30 words needs far fewer
     temperature: float = 0.3
     kind: Literal["openai", "embedded"] = "openai"  # embedded: `model` is run in-process (see embedded.py)
+    tools: bool = True  # offer it the session's tools (false: an endpoint that refuses `tools`); embedded: never
 
     def public(self) -> dict:
         """What may be shown to clients and in logs: never the key, only the variable's name."""

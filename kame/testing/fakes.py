@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 from kame.asr.events import AsrFailure, drain_events
 from kame.audio import SAMPLE_RATE
-from kame.backend.llm import ChatMessage, LLMError
+from kame.backend.llm import ChatMessage, LLMError, ToolCalls
 from kame.clock import Clock, MonotonicClock
+from kame.tools.base import ToolCall
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class FakeReply:
     error: LLMError | None = None  # raised after `error_after` deltas
     error_after: int = 0
     first_delay_s: float | None = None  # clock time before the first delta; None: delay_s
+    tool_calls: tuple[ToolCall, ...] = ()  # after the deltas, this round ends with these calls
 
     @classmethod
     def of_words(cls, text: str, first_delay_s: float = 0.0, delay_s: float = 0.0) -> FakeReply:
@@ -30,16 +32,21 @@ class FakeReply:
 
 
 class FakeLLM:
-    """Streams scripted replies in order (the last one repeats); records every request."""
+    """Streams scripted replies in order (the last one repeats); records every request (and the
+    tools offered with it)."""
 
-    def __init__(self, replies: list[FakeReply] | None = None, clock: Clock | None = None, name: str = "fake") -> None:
+    def __init__(self, replies: list[FakeReply] | None = None, clock: Clock | None = None, name: str = "fake",
+                 supports_tools: bool = True) -> None:
         self._replies = deque(replies or [FakeReply()])
         self.clock = clock or MonotonicClock()
         self.name = name
+        self.supports_tools = supports_tools
         self.calls: list[list[ChatMessage]] = []
+        self.tools_offered: list[list | None] = []
 
-    async def stream_chat(self, messages: list[ChatMessage]) -> AsyncIterator[str]:
-        self.calls.append(messages)
+    async def stream_chat(self, messages: list[ChatMessage], tools: list | None = None) -> AsyncIterator:
+        self.calls.append(list(messages))
+        self.tools_offered.append(tools)
         reply = self._replies.popleft() if len(self._replies) > 1 else self._replies[0]
         for index, delta in enumerate(reply.deltas):
             if reply.error is not None and index == reply.error_after:
@@ -49,6 +56,8 @@ class FakeLLM:
             yield delta
         if reply.error is not None and reply.error_after >= len(reply.deltas):
             raise reply.error
+        if reply.tool_calls:
+            yield ToolCalls(reply.tool_calls)
 
 
 class ScriptedAsr:

@@ -1,5 +1,7 @@
 """A real HTTP server on loopback that speaks the OpenAI chat-completions streaming protocol
-(SSE `chat.completion.chunk`), scripted per request: delays, HTTP errors, cuts, stalls, garbage.
+(SSE `chat.completion.chunk`), scripted per request: delays, HTTP errors, cuts, stalls, garbage,
+and tool calls (`delta.tool_calls`, their arguments split across several chunks, finish_reason
+"tool_calls"). Every request body is kept (`requests`), so a test can check what came back to it.
 
 Use it as the LLM in tests and in the offline demo, through the real `openai` client.
 """
@@ -14,9 +16,21 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
+
+
+@dataclass(frozen=True)
+class ScriptedToolCall:
+    """A tool call the scripted model makes: `arguments` is sent as JSON, in pieces of a few characters."""
+
+    name: str
+    arguments: dict | str = field(default_factory=dict)  # a str is sent as it is (malformed JSON, say)
+    id: str = ""  # "": call_<index>
+
+    def arguments_json(self) -> str:
+        return self.arguments if isinstance(self.arguments, str) else json.dumps(self.arguments)
 
 
 @dataclass(frozen=True)
@@ -29,6 +43,7 @@ class ScriptedReply:
     cut_after: int | None = None  # drop the connection after this many chunks
     stall_after: int | None = None  # stop sending (connection kept open) after this many chunks
     malformed_after: int | None = None  # send a broken SSE data line after this many chunks
+    tool_calls: tuple[ScriptedToolCall, ...] = ()  # after the text: these calls, finish_reason "tool_calls"
 
     def chunks(self) -> list[str]:
         """The text in small pieces that split words, as real LLM streams do."""
@@ -110,6 +125,12 @@ class ScriptedOpenAIServer:
             self._thread = None
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self._answer(request)
+        except ConnectionResetError:  # the client cancelled its stream (a newer attempt took over)
+            return web.Response(status=499)
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.received_at.append(time.monotonic())
         self.requests.append(body)
@@ -135,7 +156,11 @@ class ScriptedOpenAIServer:
                 await asyncio.sleep(reply.token_delay_s)
             await response.write(_sse(model, {"role": "assistant", "content": piece} if index == 0 else
                                       {"content": piece}))
-        await response.write(_sse(model, {}, finish="stop"))
+        for index, call in enumerate(reply.tool_calls):
+            for delta in _tool_call_deltas(index, call):
+                await asyncio.sleep(reply.token_delay_s)
+                await response.write(_sse(model, {"tool_calls": [delta]}))
+        await response.write(_sse(model, {}, finish="tool_calls" if reply.tool_calls else "stop"))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
@@ -145,6 +170,26 @@ def _sse(model: str, delta: dict, finish: str | None = None) -> bytes:
     chunk = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": 0, "model": model,
              "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
     return f"data: {json.dumps(chunk)}\n\n".encode()
+
+
+def _tool_call_deltas(index: int, call: ScriptedToolCall) -> list[dict]:
+    """The chunks of one streamed tool call, as OpenAI sends them: the first names it (id, type,
+    function name, empty arguments), the next ones carry the arguments a few characters at a time."""
+    deltas = [{"index": index, "id": call.id or f"call_{index}", "type": "function",
+               "function": {"name": call.name, "arguments": ""}}]
+    text = call.arguments_json()
+    deltas += [{"index": index, "function": {"arguments": text[i:i + 5]}} for i in range(0, len(text), 5)]
+    return deltas
+
+
+def last_tool_results(body: dict) -> list[dict]:
+    """The `tool` messages at the end of a request (what the tools answered the previous turn), in order."""
+    results = []
+    for message in reversed(body.get("messages", [])):
+        if message.get("role") != "tool":
+            break
+        results.insert(0, message)
+    return results
 
 
 def faulty_script(seed: int = 0) -> Script:

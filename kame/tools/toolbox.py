@@ -1,0 +1,108 @@
+"""A session's tools: the server's, plus its own (a Realtime client's functions, `search_knowledge`),
+and the per-turn cache of calls.
+
+Within one user turn, an identical call (same name, same normalised arguments) is served from the
+cache, so that the planner's restarts on a growing partial transcript do not call a tool again and
+again; a call still running is shared, not repeated. A call is cancelled once no attempt has
+waited for it for `orphan_grace_s` (every attempt that asked for it was cancelled by a newer
+one, and no newer one asked for it again meanwhile); a cancelled call leaves nothing in the
+cache. The grace matters: a newer attempt that takes the oracle cancels the older ones at its
+first words ("let me check"), before its own round has reached the same call; without it, each
+restart would cancel the call and start it again (measured: docs/benchmarks.md, "Tool calls").
+A new user turn starts an empty cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from kame.tools.base import Tool, ToolCall, ToolResult, ToolSpec, run_tool
+
+
+@dataclass
+class _Shared:
+    task: asyncio.Task
+    waiters: int = 0
+
+
+@dataclass
+class ToolBox:
+    tools: dict[str, Tool] = field(default_factory=dict)
+    spawn: Callable[..., asyncio.Task] | None = None  # how call tasks start (the session's TaskGroup)
+    calls_made: int = 0  # tool calls really run (not served from the cache)
+    orphan_grace_s: float = 1.5  # a call no attempt waits for is cancelled after this long (0: at once)
+    _turn: int = -1
+    _cache: dict[tuple[str, str], _Shared] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, *sources: Mapping[str, Tool] | Iterable[Tool], spawn=None, orphan_grace_s: float = 1.5) -> ToolBox:
+        box = cls(spawn=spawn, orphan_grace_s=orphan_grace_s)
+        for source in sources:
+            for tool in source.values() if isinstance(source, Mapping) else source:
+                box.tools[tool.spec.name] = tool
+        return box
+
+    def add(self, tool: Tool) -> None:
+        self.tools[tool.spec.name] = tool
+
+    def remove(self, name: str) -> None:
+        self.tools.pop(name, None)
+
+    @property
+    def specs(self) -> list[ToolSpec]:
+        return [tool.spec for tool in self.tools.values()]
+
+    def __bool__(self) -> bool:
+        return bool(self.tools)
+
+    def _start(self, call: ToolCall) -> asyncio.Task:
+        self.calls_made += 1
+        coro = run_tool(self.tools.get(call.name), call)
+        name = f"tool-{call.name}-{call.id}"
+        return self.spawn(coro, name) if self.spawn else asyncio.get_running_loop().create_task(coro, name=name)
+
+    async def run(self, call: ToolCall, turn: int) -> ToolResult:
+        """The result of `call` in user turn `turn`: from the cache, or by running the tool."""
+        if turn != self._turn:
+            self._turn, self._cache = turn, {}
+        key = call.key
+        shared = self._cache.get(key)
+        cached = shared is not None
+        if shared is None or (shared.task.done() and shared.task.cancelled()):
+            shared = self._cache[key] = _Shared(self._start(call))
+            cached = False
+        shared.waiters += 1
+        try:
+            result = await asyncio.shield(shared.task)
+        except asyncio.CancelledError:
+            shared.waiters -= 1
+            if shared.waiters == 0 and not shared.task.done():
+                if self.orphan_grace_s <= 0:
+                    self._drop_orphan(key, shared)
+                else:
+                    asyncio.get_running_loop().call_later(self.orphan_grace_s, self._drop_orphan, key, shared)
+            raise
+        shared.waiters -= 1
+        return dataclasses.replace(result, call=call, cached=cached) if cached else result
+
+    async def aclose(self) -> None:
+        """Cancel every call still running (the session ends)."""
+        tasks = [shared.task for shared in self._cache.values() if not shared.task.done()]
+        self._cache = {}
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _drop_orphan(self, key: tuple[str, str], shared: _Shared) -> None:
+        """Cancel a call nobody waits for (unless an attempt asked for it again meanwhile)."""
+        if shared.waiters == 0 and not shared.task.done():
+            shared.task.cancel()
+            if self._cache.get(key) is shared:
+                del self._cache[key]
+
+    async def run_all(self, calls: list[ToolCall], turn: int) -> list[ToolResult]:
+        """Every call of one LLM round, concurrently, results in the calls' order."""
+        return list(await asyncio.gather(*(self.run(call, turn) for call in calls)))
