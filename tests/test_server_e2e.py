@@ -28,11 +28,18 @@ def with_silence(pcm: np.ndarray, before_s: float = 0.3, after_s: float = 4.0) -
                            np.zeros(int(after_s * 24000), np.float32)])
 
 
+def attempts_running(got: Recording) -> bool:
+    """Some LLM attempt has started and not yet ended (an attempt on the final transcript can still
+    be streaming when the answer has been heard)."""
+    last = {e.epoch: e.phase for e in got.of("llm")}
+    return any(phase not in ("done", "cancelled", "failed") for phase in last.values())
+
+
 async def talk(url: str, pcm: np.ndarray, until: str | None = None, max_after_s: float = 20.0
                ) -> tuple[Recording, float, float]:
-    """Speak `pcm`, then keep sending silence in real time until the assistant has said `until` and
-    the final transcript came (or 4 s when None, or `max_after_s` at most): a loaded machine only
-    makes it wait longer."""
+    """Speak `pcm`, then keep sending silence in real time until the assistant has said `until`, the
+    final transcript came and no LLM attempt is still running (or 4 s when None, or `max_after_s` at
+    most): a loaded machine only makes it wait longer."""
     client = await KameClient.connect(url + "/api/chat")
     got = Recording()
     receiver = asyncio.create_task(record(client, got))
@@ -43,7 +50,7 @@ async def talk(url: str, pcm: np.ndarray, until: str | None = None, max_after_s:
     sent = len(question)
     for _ in range(int((max_after_s if until else 4.0) / 0.08)):
         heard_final = any(e.final for e in got.of("transcript"))
-        if until is not None and until in got.text_stream and heard_final:
+        if until is not None and until in got.text_stream and heard_final and not attempts_running(got):
             break
         await stream_realtime(client, silence)
         sent += len(silence)
