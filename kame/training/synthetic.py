@@ -1,0 +1,140 @@
+"""Synthetic token files in RUN/tokens's format, for tests and benchmarks without audio.
+
+A copy task: each dialogue's assistant says words that only that dialogue's oracle holds (drawn
+without replacement from the MT-Bench questions' words), on random audio codes.
+A front-end that learned to follow its oracle predicts them; with another dialogue's oracle it
+cannot. The files are written exactly as the token stage writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from kame.frontend.oracle import TextTokenizer, tokenize_words
+
+FRAME_RATE = 12.5
+QUESTIONS = Path(__file__).resolve().parents[1] / "data" / "mt_bench_questions.jsonl"
+
+
+def vocabulary() -> list[str]:
+    """Distinct plain words of the MT-Bench questions shipped with the package (about two thousand)."""
+    words = set()
+    for line in QUESTIONS.read_text().splitlines():
+        for turn in json.loads(line)["turns"]:
+            words.update(w for w in re.findall(r"[a-z]+", turn.lower()) if len(w) >= 4)
+    return sorted(words)
+
+
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The front-end config the files are made for (the manifest's five keys)."""
+
+    text_card: int
+    padding_id: int
+    n_q: int
+    dep_q: int
+    card: int
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def place_words(words: list[tuple[float, list[int]]], frames: int, padding_id: int) -> list[int]:
+    """The text stream: each word's tokens from frame int(start * 12.5) on, one per frame, pushed
+    later while the previous word's tokens still occupy the frame; padding elsewhere."""
+    text, free = [padding_id] * frames, 0
+    for start, tokens in sorted(words, key=lambda w: w[0]):
+        frame = max(int(start * FRAME_RATE), free)
+        for token in tokens:
+            if frame < frames:
+                text[frame] = token
+            frame += 1
+        free = frame
+    return text
+
+
+SILENCE_CODE = 0  # the audio code of a channel while its speaker is silent
+ANSWER_LAG = 3  # frames between the end of the user's turn and the assistant's first word
+
+
+def _turns(rng: random.Random, answers: list[list[int]]) -> tuple[list[tuple[int, int]], list[tuple[int, int]],
+                                                                   list[tuple[int, int]], int]:
+    """Frame spans of (user turns, assistant turns) and the oracle event frames, then the length.
+
+    The assistant answers ANSWER_LAG frames after the user stops, its tokens one per frame: when
+    it speaks is visible in the audio, what it says only in the oracle (applied a few frames
+    before the user's turn ends, as a planner would)."""
+    frame, users, assistants, events = 3, [], [], []
+    for tokens in answers:
+        user = (frame, frame + rng.randrange(10, 20))
+        start = user[1] + ANSWER_LAG
+        users.append(user)
+        assistants.append((start, start + len(tokens) + 2))
+        events.append((user[1] - rng.randrange(1, 4), start))
+        frame = assistants[-1][1] + rng.randrange(2, 5)
+    return users, assistants, events, frame + 3
+
+
+def _audio(generator: torch.Generator, codebooks: int, frames: int, spans: list[tuple[int, int]],
+           card: int) -> torch.Tensor:
+    """Random codes while the speaker talks, SILENCE_CODE otherwise."""
+    codes = torch.full((codebooks, frames), SILENCE_CODE, dtype=torch.int32)
+    for start, end in spans:
+        codes[:, start:end] = torch.randint(1, card, (codebooks, end - start), generator=generator,
+                                            dtype=torch.int32)
+    return codes.to(torch.int16 if card < 2**15 else torch.int32)
+
+
+def dialogue_tensors(rng: random.Random, tokenizer: TextTokenizer, shape: Shape,
+                     answers: list[list[str]], name: str) -> tuple[dict, dict]:
+    """(tensors, metadata) of one copy-task dialogue."""
+    tokens = [tokenize_words(tokenizer, " ".join(words)) for words in answers]
+    users, assistants, events, frames = _turns(rng, tokens)
+    spoken = [(start / FRAME_RATE, t) for (start, _), t in zip(assistants, tokens, strict=True)]
+    generator = torch.Generator().manual_seed(rng.randrange(2**31))
+    tensors = {
+        "user_codes": _audio(generator, shape.n_q - shape.dep_q, frames, users, shape.card),
+        "assistant_codes": _audio(generator, shape.dep_q, frames, assistants, shape.card),
+        "text": torch.tensor(place_words(spoken, frames, shape.padding_id), dtype=torch.int32),
+    }
+    oracle_events = [[frame, t, True] for (frame, _), t in zip(events, tokens, strict=True)]
+    meta = {"name": name, "frames": frames, "oracle_events": oracle_events, "frontend": shape.as_dict()}
+    return tensors, meta
+
+
+def write_copy_task(run_dir: Path, frontend: str, tokenizer: TextTokenizer, shape: Shape, *, dialogues: int = 20,
+                    turns: int = 3, words_per_turn: int = 2, seed: int = 0) -> list[Path]:
+    """RUN/tokens/NAME.safetensors for `dialogues` copy-task dialogues, and the manifest."""
+    rng = random.Random(seed)
+    folder = Path(run_dir) / "tokens"
+    folder.mkdir(parents=True, exist_ok=True)
+    pool = rng.sample(vocabulary(), k=len(vocabulary()))
+    paths, names = [], []
+    for index in range(dialogues):
+        answers = []
+        for _ in range(turns):
+            if len(pool) < words_per_turn:
+                pool = rng.sample(vocabulary(), k=len(vocabulary()))
+            answers.append([pool.pop() for _ in range(words_per_turn)])
+        name = f"dialogue_{index:03d}"
+        tensors, meta = dialogue_tensors(rng, tokenizer, shape, answers, name)
+        path = folder / f"{name}.safetensors"
+        save_file(tensors, str(path), metadata={"kame": json.dumps(meta)})
+        paths.append(path)
+        names.append(name)
+    manifest = {"frontend": frontend, "frontend_config": shape.as_dict(), "dialogues": names}
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return paths
+
+
+def shape_of(lm) -> Shape:
+    return Shape(lm.text_card, lm.text_padding_token_id, lm.n_q, lm.dep_q, lm.card)
