@@ -1,9 +1,10 @@
 """Synthetic token files in RUN/tokens's format, for tests and benchmarks without audio.
 
 A copy task: each dialogue's assistant says words that only that dialogue's oracle holds (drawn
-without replacement from the MT-Bench questions' words), on random audio codes.
+from the MT-Bench questions' words, none used twice while unused ones remain).
 A front-end that learned to follow its oracle predicts them; with another dialogue's oracle it
-cannot. The files are written exactly as the token stage writes them.
+cannot. The audio codes are random but shared by every dialogue (one voice per side), so only
+the oracle tells the dialogues apart. The files are written exactly as the token stage writes them.
 """
 
 from __future__ import annotations
@@ -84,13 +85,18 @@ def _turns(rng: random.Random, answers: list[list[int]]) -> tuple[list[tuple[int
     return users, assistants, events, frame + 3
 
 
-def _audio(generator: torch.Generator, codebooks: int, frames: int, spans: list[tuple[int, int]],
-           card: int) -> torch.Tensor:
-    """Random codes while the speaker talks, SILENCE_CODE otherwise."""
-    codes = torch.full((codebooks, frames), SILENCE_CODE, dtype=torch.int32)
+def _voice(codebooks: int, card: int, seed: int, frames: int = 64) -> torch.Tensor:
+    """Random codes [codebooks, frames] that every turn of a channel starts with: the audio shows when
+    someone speaks but not which dialogue this is, so the text cannot be learnt by heart from it."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(1, card, (codebooks, frames), generator=generator, dtype=torch.int32)
+
+
+def _audio(voice: torch.Tensor, frames: int, spans: list[tuple[int, int]], card: int) -> torch.Tensor:
+    """The voice's codes while the speaker talks, SILENCE_CODE otherwise."""
+    codes = torch.full((voice.shape[0], frames), SILENCE_CODE, dtype=torch.int32)
     for start, end in spans:
-        codes[:, start:end] = torch.randint(1, card, (codebooks, end - start), generator=generator,
-                                            dtype=torch.int32)
+        codes[:, start:end] = voice[:, : end - start]
     return codes.to(torch.int16 if card < 2**15 else torch.int32)
 
 
@@ -100,10 +106,9 @@ def dialogue_tensors(rng: random.Random, tokenizer: TextTokenizer, shape: Shape,
     tokens = [tokenize_words(tokenizer, " ".join(words)) for words in answers]
     users, assistants, events, frames = _turns(rng, tokens)
     spoken = [(start / FRAME_RATE, t) for (start, _), t in zip(assistants, tokens, strict=True)]
-    generator = torch.Generator().manual_seed(rng.randrange(2**31))
     tensors = {
-        "user_codes": _audio(generator, shape.n_q - shape.dep_q, frames, users, shape.card),
-        "assistant_codes": _audio(generator, shape.dep_q, frames, assistants, shape.card),
+        "user_codes": _audio(_voice(shape.n_q - shape.dep_q, shape.card, 1), frames, users, shape.card),
+        "assistant_codes": _audio(_voice(shape.dep_q, shape.card, 2), frames, assistants, shape.card),
         "text": torch.tensor(place_words(spoken, frames, shape.padding_id), dtype=torch.int32),
     }
     oracle_events = [[frame, t, True] for (frame, _), t in zip(events, tokens, strict=True)]
@@ -112,18 +117,20 @@ def dialogue_tensors(rng: random.Random, tokenizer: TextTokenizer, shape: Shape,
 
 
 def write_copy_task(run_dir: Path, frontend: str, tokenizer: TextTokenizer, shape: Shape, *, dialogues: int = 20,
-                    turns: int = 3, words_per_turn: int = 2, seed: int = 0) -> list[Path]:
-    """RUN/tokens/NAME.safetensors for `dialogues` copy-task dialogues, and the manifest."""
+                    turns: int = 3, words_per_turn: int = 1, max_pieces: int = 2, seed: int = 0) -> list[Path]:
+    """RUN/tokens/NAME.safetensors for `dialogues` copy-task dialogues, and the manifest. The words
+    are those of at most `max_pieces` tokens; a word is used again only once all have been used."""
     rng = random.Random(seed)
     folder = Path(run_dir) / "tokens"
     folder.mkdir(parents=True, exist_ok=True)
-    pool = rng.sample(vocabulary(), k=len(vocabulary()))
+    words = [w for w in vocabulary() if len(tokenize_words(tokenizer, w)) <= max_pieces]
+    pool: list[str] = []
     paths, names = [], []
     for index in range(dialogues):
         answers = []
         for _ in range(turns):
             if len(pool) < words_per_turn:
-                pool = rng.sample(vocabulary(), k=len(vocabulary()))
+                pool = rng.sample(words, k=len(words))
             answers.append([pool.pop() for _ in range(words_per_turn)])
         name = f"dialogue_{index:03d}"
         tensors, meta = dialogue_tensors(rng, tokenizer, shape, answers, name)

@@ -283,7 +283,7 @@ def _ddp(model: nn.Module, device: torch.device, r: Ranks) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True)
+    return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=False)
 
 
 def _progress(total: int, initial: int, main: bool):
