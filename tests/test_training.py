@@ -11,6 +11,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -234,12 +235,18 @@ def test_lora_run_exports_merged_plain_weights(tmp_path, small_tokens, tiny):
 
 def test_torchrun_two_processes_give_the_same_checkpoint_format(tmp_path, small_tokens, tiny):
     run = fresh_run(tmp_path, small_tokens)
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "kame.cli", "train", "--from-tokens", "--frontend", "tiny", "--out", str(run), "--device", "cpu",
-         "--steps", "4", "--batch", "2"],
-        capture_output=True, text=True, env={**env(), "OMP_NUM_THREADS": "1"}, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "kame.cli", "train", "--from-tokens", "--frontend", "tiny", "--out", str(run), "--device", "cpu",
+               "--steps", "4", "--batch", "2"]
+    # its own process group, so that a timeout ends the workers too, not only the launcher
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env={**env(), "OMP_NUM_THREADS": "1"}, start_new_session=True) as launcher:
+        try:
+            output, _ = launcher.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            raise
+    assert launcher.returncode == 0, output[-3000:]
     assert checkpoint_keys(run) == set(tiny.lm.state_dict()) | {"oracle_emb.weight"}
     assert [json.loads(line)["step"] for line in (run / "train" / "log.jsonl").read_text().splitlines()] == [4]
     load_frontend(str(run / "checkpoint"), "cpu")

@@ -16,6 +16,8 @@ from moshi.models.lm import LMModel
 from moshi.models.lm_utils import _delay_sequence, _undelay_sequence
 from torch import nn
 
+from kame.errors import KameError
+
 TEXT_PADDING_WEIGHT = 0.5  # a padding target counts half as much as a word token
 SEMANTIC_WEIGHT = 100.0  # codebook 0 (semantic) against 1 for each acoustic codebook, as Moshi trains
 
@@ -97,7 +99,10 @@ def linear_names(lm: nn.Module, prefix: str = "lm.") -> list[str]:
 def add_lora(model: OracleLM, rank: int) -> nn.Module:
     """LoRA adapters of rank `rank` on every linear layer of the LM (peft); the oracle embedding
     stays trained in full, everything else frozen."""
-    from peft import LoraConfig, get_peft_model
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:
+        raise KameError("--lora-rank needs peft: pip install 'kame-server[train]' (or peft==0.21.2)") from exc
 
     config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=linear_names(model.lm))
     peft_model = get_peft_model(model, config)

@@ -145,3 +145,31 @@ def write_copy_task(run_dir: Path, frontend: str, tokenizer: TextTokenizer, shap
 
 def shape_of(lm) -> Shape:
     return Shape(lm.text_card, lm.text_padding_token_id, lm.n_q, lm.dep_q, lm.card)
+
+
+def write_random_tokens(run_dir: Path, frontend: str, shape: Shape, *, dialogues: int = 4, frames: int = 600,
+                        seed: int = 0) -> list[Path]:
+    """Token files of random codes and text (a word token every few frames, an oracle every 5 s):
+    for measuring training speed and memory, where what is learnt does not matter."""
+    generator = torch.Generator().manual_seed(seed)
+    folder = Path(run_dir) / "tokens"
+    folder.mkdir(parents=True, exist_ok=True)
+    dtype = torch.int16 if shape.card < 2**15 else torch.int32
+    paths, names = [], []
+    for index in range(dialogues):
+        text = torch.randint(0, shape.text_card, (frames,), generator=generator, dtype=torch.int32)
+        text[torch.rand(frames, generator=generator) < 0.7] = shape.padding_id
+        user = torch.randint(0, shape.card, (shape.n_q - shape.dep_q, frames), generator=generator)
+        assistant = torch.randint(0, shape.card, (shape.dep_q, frames), generator=generator)
+        tensors = {"user_codes": user.to(dtype), "assistant_codes": assistant.to(dtype), "text": text}
+        events = [[frame, torch.randint(0, shape.text_card, (20,), generator=generator).tolist(), True]
+                  for frame in range(0, frames, 62)]
+        name = f"random_{index:03d}"
+        meta = {"name": name, "frames": frames, "oracle_events": events, "frontend": shape.as_dict()}
+        path = folder / f"{name}.safetensors"
+        save_file(tensors, str(path), metadata={"kame": json.dumps(meta)})
+        paths.append(path)
+        names.append(name)
+    manifest = {"frontend": frontend, "frontend_config": shape.as_dict(), "dialogues": names}
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return paths

@@ -19,6 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
+from moshi.utils.compile import no_compile
 from torch import nn
 
 from kame.errors import KameError
@@ -169,10 +170,12 @@ def make_batch(chunks: list[Chunk], rng: random.Random, start_token: int, paddin
     return torch.stack(codes).to(device), torch.stack(oracle).to(device)
 
 
-def autocast(device: torch.device):
+def autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA; on a CPU, float32 and none of moshi's torch.compile (whose first
+    compilation costs more than a tiny model's whole training)."""
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    return no_compile()
 
 
 # ---------------------------------------------------------------- the loop
