@@ -28,13 +28,12 @@ INTERVAL_S = 0.5  # one event per this much of the user's turn
 RETRIES = 4  # attempts per LLM request
 BACKOFF_S = 0.5  # first retry delay; doubles each time (or the server's Retry-After)
 NO_RETRY = ("config", "auth", "bad_request")  # an LLMError of these kinds will not go away by waiting
-PROMPT_VERSION = "1"  # part of each request's cache key: change it when the prompt changes
+PROMPT_VERSION = "2"  # part of each request's cache key: change it when the prompt changes
 
 SYSTEM_PROMPT = (
     "You play the voice assistant in a spoken conversation. The user may still be talking: you get "
     "the words heard so far, perhaps cut off mid-sentence. Reply with what the assistant says next, "
-    "as plain spoken words, at most 30 of them, no lists or symbols. When a hint about the intended "
-    "reply is given, let your reply agree with it."
+    "as plain spoken words, at most 30 of them, no lists or symbols."
 )
 
 STOPWORDS = frozenset({
@@ -103,23 +102,22 @@ def keywords(reply: str, count: int = 3) -> list[str]:
 
 def hint(tier: str, reply: str) -> str | None:
     if tier == "keywords":
-        return "The reply should mention: " + ", ".join(keywords(reply))
+        return "Your reply mentions: " + ", ".join(keywords(reply)) + "."
     if tier == "more":
         words = reply.split()
-        return "The reply starts like this: " + " ".join(words[: max(1, (len(words) + 1) // 2)])
+        return "Your reply begins with: " + " ".join(words[: max(1, (len(words) + 1) // 2)])
     return None
 
 
 def messages_for(turns: list[dict], words: list[dict], slot: _Slot, tier: str) -> list[ChatMessage]:
-    """The request of one event: the turns before the user turn, then what was heard of it."""
-    history = "\n".join(f"{t['speaker']}: {t['text']}" for t in turns[: slot.user_turn])
+    """The request of one event: the instructions (and the hint), the turns before the user turn,
+    then the user's words heard so far."""
+    system = SYSTEM_PROMPT if (text := hint(tier, turns[slot.turn]["text"])) is None else f"{SYSTEM_PROMPT}\n{text}"
+    history = [ChatMessage(t["speaker"], t["text"]) for t in turns[: slot.user_turn]]
     user = turns[slot.user_turn]
     heard = " ".join(w["word"] for w in words if w["speaker"] == "user"
                      and user["start"] <= w["start"] and w["end"] <= slot.time + 1e-6)
-    lines = ([f"Conversation so far:\n{history}"] if history else []) + [f"The user, so far: {heard or '...'}"]
-    if (text := hint(tier, turns[slot.turn]["text"])) is not None:
-        lines.append(f"Hint: {text}")
-    return [ChatMessage("system", SYSTEM_PROMPT), ChatMessage("user", "\n\n".join(lines))]
+    return [ChatMessage("system", system), *history, ChatMessage("user", heard or "...")]
 
 
 # ------------------------------------------------------------------ random
@@ -233,8 +231,8 @@ def _profile(name: str | None, profiles: Mapping[str, BackendProfile] | None) ->
         raise DataError(f"unknown LLM profile {name!r}; known: {', '.join(known)}")
     # the simulated reply may take longer than a live stream is allowed to: no hurry offline
     profile = known[name]
-    return replace(profile, first_token_timeout_s=max(profile.first_token_timeout_s, 60.0),
-                   token_timeout_s=max(profile.token_timeout_s, 30.0))
+    return replace(profile, first_token_timeout_s=max(profile.first_token_timeout_s, 120.0),
+                   token_timeout_s=max(profile.token_timeout_s, 60.0))
 
 
 async def _simulate_llm(prepared: dict[str, dict], out: dict[str, Path], profile: BackendProfile,
@@ -242,7 +240,8 @@ async def _simulate_llm(prepared: dict[str, dict], out: dict[str, Path], profile
     from kame.backend import make_llm
 
     client = make_llm(profile)
-    llm = _CachedLLM(client, profile, cache_dir, concurrency)
+    # the embedded model serves one request at a time: more in flight would only wait (and time out)
+    llm = _CachedLLM(client, profile, cache_dir, 1 if profile.kind == "embedded" else concurrency)
     public = json.dumps(profile.public(), sort_keys=True)
     todo = {name: digest("llm", PROMPT_VERSION, public, json.dumps(p, sort_keys=True)) for name, p in prepared.items()}
     todo = {name: inputs for name, inputs in todo.items() if stored_hash(out[name]) != inputs}
