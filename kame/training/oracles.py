@@ -156,16 +156,23 @@ class _CachedLLM:
     def __init__(self, client: LLMClient, profile: BackendProfile, cache_dir: Path, concurrency: int) -> None:
         self.client, self.profile, self.cache_dir = client, profile, cache_dir
         self._limit = asyncio.Semaphore(max(1, concurrency))
-        self.requests = 0  # requests sent (cache misses, retries included)
+        self._flying: dict[str, asyncio.Future[str]] = {}  # identical requests share one answer
 
     def key(self, messages: list[ChatMessage]) -> str:
         return digest(PROMPT_VERSION, json.dumps(self.profile.public(), sort_keys=True),
                       json.dumps([asdict(m) for m in messages]))
 
     async def answer(self, messages: list[ChatMessage]) -> str:
-        path = self.cache_dir / f"{self.key(messages)}.json"
+        """The reply to `messages`: from the cache, from the same request already in flight, or asked."""
+        key = self.key(messages)
+        path = self.cache_dir / f"{key}.json"
         if path.is_file() and isinstance(cached := read_json(path), dict) and "text" in cached:
             return cached["text"]
+        if key not in self._flying:
+            self._flying[key] = asyncio.ensure_future(self._fetch(messages, path))
+        return await self._flying[key]
+
+    async def _fetch(self, messages: list[ChatMessage], path: Path) -> str:
         async with self._limit:
             text = await self._ask(messages)
         write_json(path, {"text": text})
@@ -173,7 +180,6 @@ class _CachedLLM:
 
     async def _ask(self, messages: list[ChatMessage]) -> str:
         for attempt in range(RETRIES):
-            self.requests += 1
             try:
                 return " ".join("".join([piece async for piece in self.client.stream_chat(messages)]).split())
             except LLMError as exc:
