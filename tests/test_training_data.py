@@ -19,7 +19,7 @@ from kame.frontend.engine import BatchedEngine
 from kame.frontend.oracle import OracleUpdate, oracle_stream, tokenize_words
 from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
 from kame.training import oracles as oracles_module
-from kame.training.dialogues import prepare
+from kame.training.dialogues import Word, prepare, read_channels, snap_to_speech
 from kame.training.oracles import simulate
 from kame.training.runfiles import DataError
 from kame.training.tokens import tokenize
@@ -142,6 +142,10 @@ def test_whisper_dialogues_tokenized_with_tiny_and_a_rerun_does_nothing(tmp_path
         assert prepared["timings"] == "whisper" and prepared["sample_rate"] == 22050
         assert [t["speaker"] for t in prepared["turns"]][:2] == ["user", "assistant"]
         said = " ".join(w["word"] for w in prepared["words"] if w["speaker"] == "assistant").lower()
+        channels, _ = read_channels(path)
+        for channel, turn in zip(channels, prepared["turns"], strict=False):  # the first words start with the voice
+            onset = int(np.argmax(np.abs(channel) > 0.01)) / 22050
+            assert abs(turn["start"] - onset) < 0.1, (path.name, turn, onset)
         keys = [e.key.lower() for e in dialogue_exchanges(5, index)]
         recovered += sum(key in said for key in keys)
         tensors, metadata = token_file(run / "tokens" / f"{path.stem}.safetensors")
@@ -168,6 +172,15 @@ def test_whisper_dialogues_tokenized_with_tiny_and_a_rerun_does_nothing(tmp_path
     tokenize(run, frontend="tiny", device="cpu")
     changed = [p.name for p in outputs if p.stat().st_mtime_ns != before[p]]
     assert sorted(changed) == sorted([f"{paths[1].stem}.safetensors", "manifest.json"])
+
+
+def test_word_starts_snap_to_the_first_speech_inside_them():
+    rate = 16000
+    pcm = np.zeros(2 * rate, dtype=np.float32)
+    pcm[rate // 2: rate] = np.random.default_rng(0).standard_normal(rate // 2) * 0.1
+    words = [Word("early", 0.0, 0.8, "user"), Word("inside", 0.6, 0.9, "user"), Word("quiet", 1.2, 1.5, "user")]
+    assert snap_to_speech(words, pcm, rate) == [
+        Word("early", 0.5, 0.8, "user"), Word("inside", 0.6, 0.9, "user"), Word("quiet", 1.2, 1.5, "user")]
 
 
 def _mono(folder: Path) -> Path:

@@ -21,6 +21,9 @@ logger = logging.getLogger(__name__)
 SPEAKERS = ("user", "assistant")  # channel 0, channel 1
 SILENCE_PEAK = 1e-4  # a channel whose samples never exceed this holds no speech
 WHISPER_RATE = 16000
+ALIGNMENT = "snap-1"  # how Whisper's words are placed; part of the input hash: change it with the method
+ONSET_WINDOW_S = 0.01  # energy windows of the onset search
+ONSET_SHARE = 0.05  # speech: a window's RMS above this share of the channel's loudest window
 
 
 @dataclass(frozen=True)
@@ -140,12 +143,32 @@ class WhisperWords:
         segments, _ = self._model.transcribe(
             pcm16k, language="en", word_timestamps=True, beam_size=1, best_of=1, temperature=0.0,
             condition_on_previous_text=False, vad_filter=False)
-        return [Word(w.word.strip(), round(w.start, 3), round(w.end, 3), speaker)
-                for segment in segments for w in (segment.words or []) if w.word.strip()]
+        words = [Word(w.word.strip(), w.start, w.end, speaker)
+                 for segment in segments for w in (segment.words or []) if w.word.strip()]
+        return snap_to_speech(words, pcm16k, WHISPER_RATE)
+
+
+def snap_to_speech(words: list[Word], pcm: np.ndarray, rate: int) -> list[Word]:
+    """Whisper's first word after a pause tends to start with the pause (tiny.en: 0.3-0.5 s early on
+    piper speech); move each word's start to the first window of speech energy inside the word."""
+    window = max(1, int(ONSET_WINDOW_S * rate))
+    count = len(pcm) // window
+    if count == 0:
+        return words
+    rms = np.sqrt(np.mean(pcm[: count * window].reshape(count, window) ** 2, axis=1))
+    loud = rms > ONSET_SHARE * float(rms.max())
+    snapped = []
+    for word in words:
+        first, last = int(word.start * rate) // window, min(count, -(-int(word.end * rate) // window))
+        hits = np.flatnonzero(loud[first:last])
+        start = (first + int(hits[0])) * window / rate if hits.size else float(word.start)
+        snapped.append(Word(word.word, round(min(max(start, word.start), word.end), 3), round(float(word.end), 3),
+                            word.speaker))
+    return snapped
 
 
 def _inputs_hash(wav: Path, timings: Path | None, asr_model: str | None) -> str:
-    source = f"file:{sha256_of(timings)}" if timings else f"whisper:{asr_model or 'tiny.en'}"
+    source = f"file:{sha256_of(timings)}" if timings else f"whisper:{asr_model or 'tiny.en'}:{ALIGNMENT}"
     return digest(sha256_of(wav), source)
 
 
