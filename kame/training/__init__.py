@@ -1,1 +1,2 @@
-"""`kame train`: from recorded dialogues to a KAME front-end checkpoint (data stages, trainer, export)."""
+"""Training a KAME front-end from recorded dialogues: the data stages (prepare, oracles, tokens),
+then training, evaluation and export. Each stage reads and writes files under one run folder."""
