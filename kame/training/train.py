@@ -14,6 +14,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -170,12 +171,12 @@ def make_batch(chunks: list[Chunk], rng: random.Random, start_token: int, paddin
     return torch.stack(codes).to(device), torch.stack(oracle).to(device)
 
 
-def autocast(device: torch.device) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA; on a CPU, float32 and none of moshi's torch.compile (whose first
-    compilation costs more than a tiny model's whole training)."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return no_compile()
+@contextlib.contextmanager
+def autocast(device: torch.device) -> Iterator[None]:
+    """bf16 autocast on CUDA (float32 on a CPU), and none of moshi's torch.compile: its first
+    compilation costs more than a tiny model's whole training, and windows vary in length."""
+    with no_compile(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        yield
 
 
 # ---------------------------------------------------------------- the loop
