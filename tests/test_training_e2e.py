@@ -1,5 +1,8 @@
 """`kame train` with its defaults, from piper-spoken dialogue WAVs (no transcripts) to a checkpoint
-that `kame infer` and `kame serve` run: the whole recipe on a CPU (slow)."""
+that `kame infer` and `kame serve` run: the whole recipe on a CPU (slow, about 7 minutes).
+
+120 dialogues, not 25: on 25 (2 held out) the tiny model learns its 23 training dialogues by heart
+and reads no oracle (measured: -6.1 points); on 120 (12 held out) the gain was +11.4 points."""
 
 from __future__ import annotations
 
@@ -20,8 +23,8 @@ from tests.server_harness import Recording, received_samples, record, running_se
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-DIALOGUES = 25
-TIME_LIMIT_S = 600  # the defaults must train 25 short dialogues in this on a 2-core CPU
+DIALOGUES = 120
+TIME_LIMIT_S = 600  # the defaults must run every stage on these short dialogues in this on a 2-core CPU
 
 
 @pytest.fixture(scope="module")
