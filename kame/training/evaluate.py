@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from kame.errors import KameError
 from kame.frontend.loader import Frontend
 from kame.training import checkpoints
 from kame.training.augment import stream_of
@@ -27,7 +28,7 @@ def load_trained(run_dir: Path, device: str | torch.device = "auto") -> tuple[Or
     config = checkpoints.read_config(run_dir)
     found = checkpoints.latest(run_dir)
     if found is None:
-        raise checkpoints.KameError(f"no checkpoint in {checkpoints.train_dir(run_dir)}: train first")
+        raise KameError(f"no checkpoint in {checkpoints.train_dir(run_dir)}: train first")
     step, path = found
     dev = device if isinstance(device, torch.device) else rank_device(device, ranks())
     frontend = load_base(config.frontend, dev, bool(config.lora_rank))

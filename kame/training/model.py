@@ -118,9 +118,3 @@ def merge_lora(model: nn.Module) -> OracleLM:
     assert isinstance(merged, OracleLM)
     return merged
 
-
-def unwrap(model: nn.Module) -> OracleLM:
-    """The OracleLM under DDP and peft wrappers."""
-    while not isinstance(model, OracleLM):
-        model = model.module if hasattr(model, "module") else model.get_base_model()
-    return model
