@@ -117,4 +117,3 @@ def merge_lora(model: nn.Module) -> OracleLM:
     merged = model.merge_and_unload()
     assert isinstance(merged, OracleLM)
     return merged
-
