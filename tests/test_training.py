@@ -217,6 +217,9 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path, small_tokens, capsy
     assert steps == [6, 10, 12]  # the resumed run went on from step 6, not from 0
     assert sorted(p.name for p in (run / "train").glob("step-*.pt")) == ["step-000009.pt", "step-000012.pt"]
     assert json.loads((run / "eval.json").read_text())["step"] == 12
+    before = (run / "train" / "step-000012.pt").stat().st_mtime_ns
+    assert kame([*args, "--steps", "12"]) == 0  # the same command on the finished run: cached, nothing trains
+    assert (run / "train" / "step-000012.pt").stat().st_mtime_ns == before
 
 
 def test_lora_run_exports_merged_plain_weights(tmp_path, small_tokens, tiny):

@@ -235,13 +235,16 @@ def _lm_shape(frontend: Frontend) -> dict:
 
 def _start(run_dir: Path, options: TrainOptions, config: RunConfig, model: nn.Module, opt, sched,
            rng: random.Random, r: Ranks) -> int:
-    """The step to start from: 0 for a new run, the newest checkpoint's with `resume`."""
+    """The step to start from: 0 for a new run, the newest checkpoint's with `resume` (or when the
+    same run is asked for again after it finished)."""
     found = checkpoints.latest(run_dir)
     if found is None:
         if r.main:
             checkpoints.write_config(run_dir, config)
         barrier()
         return 0
+    if not options.resume and found[0] >= config.steps and checkpoints.read_config(run_dir) == config:
+        return found[0]  # the same command again on a finished run: nothing to train
     if not options.resume:
         raise KameError(f"{checkpoints.train_dir(run_dir)} already holds a checkpoint (step {found[0]}): pass "
                         "--resume to continue it, or train into another --out")
