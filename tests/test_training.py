@@ -212,7 +212,7 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path, small_tokens, capsy
     assert (run / "train" / "step-000006.pt").is_file()
     assert kame([*args, "--steps", "12"]) == 2
     assert "pass --resume" in capsys.readouterr().err
-    assert kame([*args, "--steps", "12", "--resume"]) == 0
+    assert kame([*args, "--steps", "12", "--resume", "--checkpoint-every", "3"]) == 0
     steps = [json.loads(line)["step"] for line in (run / "train" / "log.jsonl").read_text().splitlines()]
     assert steps == [6, 10, 12]  # the resumed run went on from step 6, not from 0
     assert sorted(p.name for p in (run / "train").glob("step-*.pt")) == ["step-000009.pt", "step-000012.pt"]

@@ -24,6 +24,8 @@ def register_train(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--batch", type=int, default=None, help="windows per step and process (default: by size)")
     train.add_argument("--lr", type=float, default=None, help="peak learning rate (default: by size)")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                       help="write RUN/train/step-N.pt every N steps (default: four times per run)")
     train.add_argument("--oracles", default="random", choices=["random", "llm"],
                        help="how the oracle of each turn is simulated (default random)")
     train.add_argument("--llm", default=None, metavar="PROFILE", help="with --oracles llm: the backend profile")
@@ -90,7 +92,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     barrier()
     check_manifest(run, args.frontend)
     options = TrainOptions(frontend=args.frontend, steps=args.steps, chunk=args.chunk, batch=args.batch, lr=args.lr,
-                           lora_rank=args.lora_rank, device=args.device, seed=args.seed, resume=args.resume)
+                           lora_rank=args.lora_rank, device=args.device, seed=args.seed, resume=args.resume,
+                           checkpoint_every=args.checkpoint_every)
     train(run, options)
     if r.main:
         _finish(run, args.device)
