@@ -254,3 +254,19 @@ def test_torchrun_two_processes_give_the_same_checkpoint_format(tmp_path, small_
     assert checkpoint_keys(run) == set(tiny.lm.state_dict()) | {"oracle_emb.weight"}
     assert [json.loads(line)["step"] for line in (run / "train" / "log.jsonl").read_text().splitlines()] == [4]
     load_frontend(str(run / "checkpoint"), "cpu")
+
+
+def test_a_directory_base_passes_on_its_own_mimi_and_tokenizer(tmp_path, tiny_copy):
+    from kame.frontend.presets import TINY_COPY_DIR
+
+    run = tmp_path / "run"
+    write_copy_task(run, "tiny-copy", tiny_copy.tokenizer, shape_of(tiny_copy.lm), dialogues=10)
+    assert kame(["train", "--from-tokens", "--frontend", "tiny-copy", "--out", str(run), "--device", "cpu",
+                 "--steps", "2", "--batch", "2"]) == 0
+    out = run / "checkpoint"
+    for name in ("mimi.safetensors", "tokenizer.model", "mimi_config.json"):
+        assert (out / name).read_bytes() == (TINY_COPY_DIR / name).read_bytes()
+    config = json.loads((out / "config.json").read_text())
+    assert config["lm_gen_config"] == json.loads((TINY_COPY_DIR / "config.json").read_text())["lm_gen_config"]
+    frontend = load_frontend(str(out), "cpu")
+    assert not torch.equal(frontend.oracle_emb.weight, tiny_copy.oracle_emb.weight)  # trained from its own oracle_emb
