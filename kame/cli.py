@@ -8,6 +8,8 @@ import logging
 import sys
 
 from kame.errors import KameError
+from kame.training.cli import register_data
+from kame.training.train_cli import register_train
 
 
 def _add_frontend_args(parser: argparse.ArgumentParser) -> None:
@@ -169,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     frontend = bench_sub.add_parser("frontend", help="ms per frame of encode, LM step, decode by batch size")
     add_frontend_bench_args(frontend)
     frontend.set_defaults(func=_cmd_bench)
+    register_data(sub)
+    register_train(sub)
     _register_plugins(sub, "kame.commands")
     _register_plugins(bench_sub, "kame.bench")
     return parser

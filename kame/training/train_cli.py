@@ -1,0 +1,129 @@
+"""`kame train` (dialogues in, checkpoint out: every stage, each cached) and `kame export`.
+
+Stages, all under RUN: prepared/ and oracles/ and tokens/ (the data stages), train/, eval.json,
+checkpoint/. A rerun skips what is already done; `--resume` continues the training itself.
+Under `torchrun`, rank 0 runs the data stages, eval and export while the other ranks wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from kame.errors import KameError
+
+
+def register_train(sub: argparse._SubParsersAction) -> None:
+    train = sub.add_parser("train", help="train a KAME front-end on a folder of recorded dialogues")
+    train.add_argument("--data", default=None, help="folder of dialogue WAVs (user left, assistant right)")
+    train.add_argument("--frontend", required=True, help="the base front-end: preset, directory or HF repo id")
+    train.add_argument("--out", required=True, help="the run folder: every stage's output goes under it")
+    train.add_argument("--steps", type=int, default=None, help="optimizer steps (default: by model size)")
+    train.add_argument("--chunk", type=int, default=512, help="frames per training window (default 512)")
+    train.add_argument("--batch", type=int, default=None, help="windows per step and process (default: by size)")
+    train.add_argument("--lr", type=float, default=None, help="peak learning rate (default: by size)")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                       help="write RUN/train/step-N.pt every N steps (default: four times per run)")
+    train.add_argument("--oracles", default="random", choices=["random", "llm"],
+                       help="how the oracle of each turn is simulated (default random)")
+    train.add_argument("--llm", default=None, metavar="PROFILE", help="with --oracles llm: the backend profile")
+    train.add_argument("--asr-model", default=None, help="the ASR that times the words of untranscribed dialogues")
+    train.add_argument("--lora-rank", type=int, default=None, metavar="R",
+                       help="LoRA adapters of rank R instead of a full fine-tune")
+    train.add_argument("--device", default="auto", help="auto, cpu, cuda (default auto)")
+    train.add_argument("--resume", action="store_true", help="continue the training from RUN/train's newest checkpoint")
+    train.add_argument("--from-tokens", action="store_true", help="start from RUN/tokens (skip the data stages)")
+    train.set_defaults(func=_cmd_train)
+
+    export = sub.add_parser("export", help="write RUN/checkpoint from a training run's newest checkpoint")
+    export.add_argument("--run", required=True, help="the run folder of `kame train`")
+    export.add_argument("--device", default="auto")
+    export.set_defaults(func=_cmd_export)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if not args.from_tokens and not args.data:
+        raise KameError("kame train needs --data DIR (the recorded dialogues), "
+                        "or --from-tokens to start from RUN/tokens")
+    if args.data and not Path(args.data).is_dir():
+        raise KameError(f"--data {args.data}: no such folder")
+    if args.oracles == "llm" and not args.llm:
+        raise KameError("--oracles llm needs --llm PROFILE (the backend that writes the oracles)")
+    if args.lora_rank is not None and args.lora_rank < 1:
+        raise KameError("--lora-rank must be at least 1")
+    if args.steps is not None and args.steps < 1:
+        raise KameError("--steps must be at least 1")
+
+
+def data_stages(args: argparse.Namespace, run: Path) -> None:
+    """prepare -> oracles -> tokens, each skipping the dialogues it has already done."""
+    try:
+        from kame.training.dialogues import prepare
+        from kame.training.oracles import simulate
+        from kame.training.tokens import tokenize
+    except ImportError as exc:
+        raise KameError(f"the data stages are not available ({exc}); "
+                        "start from existing tokens with --from-tokens") from exc
+    prepare(Path(args.data), run, asr_model=args.asr_model, device=args.device)
+    simulate(run, strategy=args.oracles, llm=args.llm, seed=args.seed)
+    tokenize(run, frontend=args.frontend, device=args.device)
+
+
+def check_manifest(run: Path, frontend: str) -> None:
+    from kame.training.dataset import read_manifest
+
+    made_with = read_manifest(run)["frontend"]
+    if made_with != frontend:
+        raise KameError(f"{run / 'tokens'} was made with front-end {made_with!r}, not {frontend!r}: pass "
+                        f"--frontend {made_with}, or delete {run / 'tokens'} to remake the tokens")
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    _check_args(args)
+    from kame.training.train import TrainOptions, barrier, init_distributed, rank_device, ranks, train
+
+    run = Path(args.out)
+    r = ranks()
+    init_distributed(rank_device(args.device, r))
+    if r.main and not args.from_tokens:
+        data_stages(args, run)
+    barrier()
+    check_manifest(run, args.frontend)
+    options = TrainOptions(frontend=args.frontend, steps=args.steps, chunk=args.chunk, batch=args.batch, lr=args.lr,
+                           lora_rank=args.lora_rank, device=args.device, seed=args.seed, resume=args.resume,
+                           checkpoint_every=args.checkpoint_every)
+    train(run, options)
+    if r.main:
+        _finish(run, args.device)
+    _shutdown()
+    return 0
+
+
+def _finish(run: Path, device: str) -> None:
+    from kame.training.evaluate import evaluate
+    from kame.training.export import export
+
+    result = evaluate(run, device)
+    checkpoint = export(run, device)
+    own, other = result["text_accuracy"]["own_oracle"], result["text_accuracy"]["other_oracle"]
+    print(f"checkpoint: {checkpoint}  (use --frontend {checkpoint})")
+    print(f"oracle gain: {100 * (own - other):+.1f} points of text accuracy on {result['dialogues']} held-out "
+          f"dialogues ({100 * own:.1f} % with their own oracle, {100 * other:.1f} % with another's); "
+          f"see {run / 'eval.json'}")
+
+
+def _shutdown() -> None:
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from kame.training.export import export
+
+    out = export(Path(args.run), args.device)
+    print(json.dumps({"checkpoint": str(out)}))
+    return 0
