@@ -276,12 +276,11 @@ class TandemSession:
 
     def set_client_tools(self, tools: list[Tool]) -> None:
         """The tools a client declared (Realtime functions), replacing those it declared before;
-        the server's own tools stay."""
-        box = self.planner.tools
-        for name in [name for name, tool in box.tools.items() if getattr(tool, "client", False)]:
-            box.remove(name)
-        for tool in tools:
-            box.add(tool)
+        the server's own tools stay, and a client tool named like one of them is left out."""
+        clashes = self.planner.tools.set_client_tools(tools)
+        if clashes:
+            logger.warning("session %s: the client's tools %s are named like the server's own, which stay",
+                           self.id, ", ".join(clashes))
 
     def set_oracle_delay(self, seconds: float) -> None:
         """Hold oracle updates back this long from now on (latency experiments)."""

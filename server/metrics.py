@@ -105,8 +105,11 @@ class _RunnerCollector:
 class SessionMetrics:
     """An observer of one tandem session: its events become the server's metrics."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, tool_names: frozenset[str] = frozenset()) -> None:
         self.metrics = metrics
+        # the server's tools by name; any other name (one a model made up, a client's function) is
+        # counted as "other", so that the label's values stay bounded
+        self.tool_names = tool_names
 
     def on_input(self, pcm) -> None:
         pass
@@ -132,8 +135,9 @@ class SessionMetrics:
         elif isinstance(event, OracleLead):
             m.oracle_lead.observe(event.lead_s)
         elif isinstance(event, ToolCallEvent) and event.phase != "started":
-            m.tool_calls.labels(event.name, "cached" if event.cached else event.phase).inc()
+            tool = event.name if event.name in self.tool_names else "other"
+            m.tool_calls.labels(tool, "cached" if event.cached else event.phase).inc()
             if event.elapsed_s is not None and not event.cached:
-                m.tool_seconds.labels(event.name).observe(event.elapsed_s)
+                m.tool_seconds.labels(tool).observe(event.elapsed_s)
         elif isinstance(event, KnowledgeRetrieval):
             m.knowledge_seconds.observe(event.elapsed_s)

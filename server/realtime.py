@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import collections
 import dataclasses
 import json
 import logging
@@ -280,6 +281,10 @@ class RealtimeSession(SocketSession):
         self._event_count = 0
         self._energy = 10 ** (self.options.energy_dbfs / 20)
         self._calls: dict[str, asyncio.Future[str]] = {}  # function calls the client has not answered yet
+        # calls that stopped waiting (timed out, or their attempt was cancelled): an output that comes
+        # for one later is kept in the conversation, not answered with an error (which ends a session
+        # in some frameworks)
+        self._ended_calls: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     def _server_vad(self) -> dict:
         """The turn detection the server actually does (the ASR's endpointing), in Realtime's terms."""
@@ -626,6 +631,10 @@ class RealtimeSession(SocketSession):
             return await waiting
         finally:
             self._calls.pop(call_id, None)
+            if not waiting.done() or waiting.cancelled():  # stopped waiting unanswered
+                self._ended_calls[call_id] = None
+                while len(self._ended_calls) > MAX_ITEMS:
+                    self._ended_calls.popitem(last=False)
 
     def _function_output(self, item: dict) -> None:
         call_id, output = item.get("call_id"), item.get("output")
@@ -633,10 +642,15 @@ class RealtimeSession(SocketSession):
             raise RealtimeError("invalid_value", "a function_call_output has a call_id and an output string",
                                 "item.call_id")
         waiting = self._calls.get(call_id)
-        if waiting is None or waiting.done():
+        if (waiting is None or waiting.done()) and call_id in self._ended_calls:
+            logger.info("session %s: the output of function call %s came after the call stopped waiting "
+                        "(timed out, or its answer was superseded); kept, not used", self.id, call_id)
+            del self._ended_calls[call_id]  # a second output for it is an error like any other
+        elif waiting is None or waiting.done():
             raise RealtimeError("invalid_value", f"no function call {call_id!r} is waiting for its output "
-                                "(answered already, or timed out)", "item.call_id")
-        waiting.set_result(output)
+                                "(answered already, or never made)", "item.call_id")
+        else:
+            waiting.set_result(output)
         self._add_item({"id": item.get("id") or _id("item"), "object": "realtime.item",
                         "type": "function_call_output", "call_id": call_id, "output": output,
                         "status": "completed"})

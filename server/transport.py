@@ -62,7 +62,8 @@ class SocketSession:
 
     async def open_tandem(self, config: SessionConfig, asr: bool = True) -> TandemSession:
         """Take an engine slot for this connection (SlotsBusy, SessionError)."""
-        observers = [SessionMetrics(self.services.metrics)]
+        tool_names = frozenset(tool.spec.name for tool in self.services.runtime.session_tools())
+        observers = [SessionMetrics(self.services.metrics, tool_names)]
         if self.settings.record_dir is not None:
             runtime = self.services.runtime
             self._recorder = SessionRecorder(self.settings.record_dir, self.id, {

@@ -333,3 +333,33 @@ def test_silence_is_fed_only_when_the_clients_audio_falls_behind_the_clock(clock
 
     streaming, waiting = asyncio.run(go())
     assert streaming == 0 and waiting >= 8
+
+
+def test_a_function_output_that_comes_after_its_call_stopped_waiting_is_kept_not_an_error(clock):
+    """A call times out (or its attempt is superseded) before the client answers: the late output
+    is stored in the conversation, with no error event (some frameworks end their session on one);
+    an output for a call never made, or a second one, is still an error."""
+    async def go():
+        rig = Rig()
+        call = asyncio.ensure_future(rig.session.call_client_function("lookup", {"q": "x"}))
+        await asyncio.sleep(0)
+        sent = rig.events()
+        call_id = next(e for e in sent if e["type"] == "response.function_call_arguments.done")["call_id"]
+        call.cancel()  # the tool's timeout, or a newer attempt
+        await asyncio.gather(call, return_exceptions=True)
+        output = {"type": "conversation.item.create",
+                  "item": {"type": "function_call_output", "call_id": call_id, "output": "late"}}
+        await rig.send(output)
+        late = rig.events()
+        errors = []
+        for event in (output, {"type": "conversation.item.create", "item": {
+                "type": "function_call_output", "call_id": "call_never", "output": "x"}}):
+            with pytest.raises(RealtimeError) as error:
+                await rig.send(event)
+            errors.append(error.value)
+        return late, errors
+
+    late, errors = asyncio.run(go())
+    assert [e["type"] for e in late] == ["conversation.item.added", "conversation.item.done"]
+    assert late[0]["item"]["output"] == "late"
+    assert all(error.code == "invalid_value" for error in errors)

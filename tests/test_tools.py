@@ -45,6 +45,19 @@ def test_assembler_joins_arguments_split_across_deltas_by_index():
     assert calls[0].parsed() == {"order_id": "A17"}
 
 
+def test_assembler_splits_calls_sent_without_an_index_by_their_ids():
+    """Gemini's OpenAI-compatible endpoint sends each call whole, with an id and no index."""
+    assembler = ToolCallAssembler()
+    assembler.push([{"id": "c1", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}])
+    assembler.push([{"id": "c2", "function": {"name": "get_time", "arguments": '{"tz":"CET"}'}}])
+    assert assembler.calls() == (ToolCall("c1", "get_weather", '{"city":"Oslo"}'),
+                                 ToolCall("c2", "get_time", '{"tz":"CET"}'))
+    pieces = ToolCallAssembler()  # without index and without a new id: the same call goes on
+    pieces.push([{"id": "c1", "function": {"name": "tide", "arguments": '{"da'}}])
+    pieces.push([{"function": {"arguments": 'y": "monday"}'}}])
+    assert pieces.calls() == (ToolCall("c1", "tide", '{"day": "monday"}'),)
+
+
 def test_assembler_refuses_a_call_without_a_name():
     assembler = ToolCallAssembler()
     assembler.push([{"index": 0, "function": {"arguments": "{}"}}])
@@ -61,6 +74,8 @@ def test_openai_client_streams_text_then_assembled_calls_from_the_scripted_serve
             llm = OpenAICompatibleLLM(BackendProfile("scripted", server.base_url, "m", None))
             spec = ToolSpec("order_status", "status", {"type": "object", "properties": {}})
             items = [item async for item in llm.stream_chat([], tools=[spec])]
+            # the last round: the tools listed, none to be called
+            [item async for item in llm.stream_chat([], tools=[spec], tool_choice="none")]
             await llm.aclose()
             return items, server.requests
 
@@ -68,7 +83,8 @@ def test_openai_client_streams_text_then_assembled_calls_from_the_scripted_serve
     assert "".join(i for i in items if isinstance(i, str)) == "Let me check."
     assert items[-1] == ToolCalls((ToolCall("call_0", "order_status", '{"order_id": "A17"}'),
                                    ToolCall("call_1", "tide", '{"day": "monday"}')))
-    assert requests[0]["tools"][0]["function"]["name"] == "order_status"
+    assert requests[0]["tools"][0]["function"]["name"] == "order_status" and "tool_choice" not in requests[0]
+    assert requests[1]["tools"][0]["function"]["name"] == "order_status" and requests[1]["tool_choice"] == "none"
 
 
 # ------------------------------------------------------------------ python tools
@@ -124,6 +140,50 @@ def test_a_long_result_is_truncated_with_a_marker():
     assert result.ok and result.truncated
     assert result.content.startswith("x" * 100) and "truncated: the result was 5000 characters" in result.content
     assert len(result.content) < 200
+
+
+def test_sync_tools_that_hang_hold_their_own_pool_not_asyncio_s():
+    """A sync call past its timeout keeps its thread (threads cannot be cancelled): on the tools' own
+    pool, so asyncio's default pool (the ASR's, the knowledge base's) stays free, and once every
+    thread of the tools' pool is held a new sync call is refused at once."""
+    import threading
+    import time
+
+    from kame.tools import python_tool
+
+    def wait_for_a_free_pool() -> None:  # earlier tests' timed-out sync calls may still hold threads
+        deadline, held = time.monotonic() + 10, 0
+        while held < python_tool.SYNC_THREADS and time.monotonic() < deadline:
+            held += python_tool._busy.acquire(timeout=0.1)
+        for _ in range(held):
+            python_tool._busy.release()
+        assert held == python_tool.SYNC_THREADS, "the sync tools' pool never came free"
+
+    wait_for_a_free_pool()
+    release = threading.Event()
+    hang = PythonTool("hang", lambda: release.wait(30), "hangs", limits=ToolLimits(timeout_s=0.2))
+
+    async def scenario():
+        hung = await asyncio.gather(*(run_tool(hang, ToolCall(str(i), "hang", "{}"))
+                                      for i in range(python_tool.SYNC_THREADS)))
+        started = time.monotonic()
+        refused = await run_tool(hang, ToolCall("x", "hang", "{}"))
+        refused_in = time.monotonic() - started
+        started = time.monotonic()
+        await asyncio.gather(*(asyncio.to_thread(time.sleep, 0.01) for _ in range(16)))
+        default_pool_s = time.monotonic() - started
+        return hung, refused, refused_in, default_pool_s
+
+    try:
+        hung, refused, refused_in, default_pool_s = run(scenario())
+    finally:
+        release.set()
+    assert all(not r.ok and "did not answer within" in r.content for r in hung)
+    assert not refused.ok and "busy" in refused.content and refused_in < 0.1
+    assert default_pool_s < 1.0  # asyncio's pool was never held by the hung tools
+    wait_for_a_free_pool()  # released, the threads come back
+    again = run(run_tool(PythonTool("quick", lambda: "ok", "quick"), ToolCall("y", "quick", "{}")))
+    assert again.ok and again.content == "ok"
 
 
 # ------------------------------------------------------------------ http tools
@@ -183,6 +243,45 @@ def test_http_tool_reaches_only_allowed_hosts():
     tool = HttpTool("w", "http://{host}:1/x", ["127.0.0.1"])  # the host comes from the model: checked per call
     refused = run(run_tool(tool, ToolCall("1", "w", '{"host": "evil.example"}')))
     assert not refused.ok and "not one this tool may reach" in refused.content
+
+
+def test_an_argument_cannot_climb_the_path_on_an_allowed_host():
+    tool = HttpTool("w", "https://api.example.com/v1/users/{id}/profile", ["api.example.com"])
+    for value in ("..", "."):
+        refused = run(run_tool(tool, ToolCall("1", "w", json.dumps({"id": value}))))
+        assert not refused.ok and "may not be '.' or '..'" in refused.content
+    url, _ = tool.build_url({"id": "../admin"})  # a slash is quoted: one path segment
+    assert url == "https://api.example.com/v1/users/..%2Fadmin/profile"
+
+
+def test_a_body_sent_in_pieces_is_read_whole_and_a_long_one_cut_with_a_marker():
+    async def pieces(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        for _ in range(int(request.query.get("n", "3"))):
+            await response.write(b"y" * 1000)
+            await asyncio.sleep(0.05)
+        return response
+
+    async def scenario():
+        app = web.Application()
+        app.router.add_get("/pieces", pieces)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        whole = HttpTool("p", f"http://127.0.0.1:{port}/pieces", ["127.0.0.1"])
+        cut = HttpTool("p", f"http://127.0.0.1:{port}/pieces", ["127.0.0.1"], limits=ToolLimits(max_result_chars=500))
+        try:
+            return (await run_tool(whole, ToolCall("1", "p", '{"n": 3}')),
+                    await run_tool(cut, ToolCall("2", "p", '{"n": 3}')))
+        finally:
+            await runner.cleanup()
+
+    whole, cut = run(scenario())
+    assert whole.ok and whole.content == "y" * 3000 and not whole.truncated
+    assert cut.truncated and cut.content.startswith("y" * 500) and "truncated" in cut.content
 
 
 def test_a_header_env_var_that_is_not_set_is_an_error_result(monkeypatch):
@@ -466,6 +565,8 @@ def test_calls_made_in_the_round_that_offered_no_tools_are_not_run(tok):
     rig = run(scenario())
     assert len(rig.llm.calls) == 2 and tool.calls == 1  # the second round offered none: its call is ignored
     assert rig.llm.tools_offered[1] is None
+    # but listed them, with tool_choice "none": endpoints that refuse tool messages without `tools`
+    assert rig.llm.tool_choices == [None, "none"]
 
 
 def test_a_profile_can_turn_tools_off_and_a_broken_index_does_not_end_the_attempt(tok):
@@ -484,3 +585,60 @@ def test_a_profile_can_turn_tools_off_and_a_broken_index_does_not_end_the_attemp
         return rig
 
     assert run(scenario()).oracle_text() == "Paris."
+
+
+def test_tool_metrics_label_only_the_server_s_tools_by_name():
+    """A name the model made up (or a client's function) is counted as "other": bounded labels."""
+    from prometheus_client import generate_latest
+
+    from kame.session_events import ToolCallEvent
+    from server.metrics import Metrics, SessionMetrics
+
+    metrics = Metrics()
+    observer = SessionMetrics(metrics, frozenset({"legs"}))
+    for name in ("legs", "made_up_1", "made_up_2"):
+        observer.on_event(ToolCallEvent("done", 0, "c", name, "{}", elapsed_s=0.1))
+    text = generate_latest(metrics.registry).decode()
+    assert 'kame_tool_calls_total{outcome="done",tool="legs"} 1.0' in text
+    assert 'kame_tool_calls_total{outcome="done",tool="other"} 2.0' in text
+    assert "made_up" not in text
+
+
+def test_client_tools_never_replace_the_server_s_and_go_with_the_next_update():
+    server_tool = PythonTool("search_knowledge", lambda: "server", "the server's")
+
+    def client_tool(name: str) -> PythonTool:
+        tool = PythonTool(name, lambda: "client", "a client's")
+        tool.client = True
+        return tool
+
+    box = ToolBox.of([server_tool])
+    assert box.set_client_tools([client_tool("search_knowledge"), client_tool("weather")]) == ["search_knowledge"]
+    assert box.tools["search_knowledge"] is server_tool and "weather" in box.tools
+    assert box.set_client_tools([]) == []
+    assert list(box.tools) == ["search_knowledge"] and box.tools["search_knowledge"] is server_tool
+
+
+def test_closing_the_box_cancels_the_calls_of_earlier_turns_too():
+    started = []
+
+    async def slow() -> str:
+        started.append(1)
+        await asyncio.sleep(30)
+        return "late"
+
+    async def scenario():
+        box = ToolBox.of([PythonTool("slow", slow, "slow", limits=ToolLimits(timeout_s=60))], orphan_grace_s=60)
+        first = asyncio.ensure_future(box.run(ToolCall("1", "slow", "{}"), turn=0))
+        await asyncio.sleep(0.05)
+        first.cancel()  # its attempt went; the call waits out its grace, still running ...
+        second = asyncio.ensure_future(box.run(ToolCall("2", "slow", "{}"), turn=1))  # ... into a new turn
+        await asyncio.sleep(0.05)
+        second.cancel()
+        running = [t for t in box._running if not t.done()]
+        await asyncio.wait_for(box.aclose(), 2)
+        return running
+
+    running = run(scenario())
+    assert len(started) == 2 and len(running) == 2
+    assert all(task.cancelled() for task in running)

@@ -51,7 +51,8 @@ class ToolCalls:
 
 class ToolCallAssembler:
     """Joins streamed `delta.tool_calls` fragments (by `index`: the first names the call, the next
-    ones add pieces of its JSON arguments) into whole calls."""
+    ones add pieces of its JSON arguments) into whole calls. Fragments without an index (Gemini's
+    OpenAI-compatible endpoint) belong to the last call, or start a new one when they bring a new id."""
 
     def __init__(self) -> None:
         self._parts: dict[int, dict] = {}
@@ -59,7 +60,11 @@ class ToolCallAssembler:
     def push(self, fragments: list | None) -> None:
         for fragment in fragments or ():
             get = fragment.get if isinstance(fragment, dict) else lambda key, f=fragment: getattr(f, key, None)
-            index = get("index") or 0
+            index = get("index")
+            if index is None:  # some endpoints (Gemini's) send each call whole, without an index:
+                last = max(self._parts, default=None)  # a new id is a new call, else the last one goes on
+                new_id = get("id") and last is not None and self._parts[last]["id"] not in ("", get("id"))
+                index = 0 if last is None else last + 1 if new_id else last
             part = self._parts.setdefault(index, {"id": "", "name": "", "arguments": []})
             if get("id"):
                 part["id"] = get("id")
@@ -102,7 +107,7 @@ class LLMClient(Protocol):
 
     def stream_chat(self, messages: list[ChatMessage]) -> AsyncIterator[str]:
         """Stream the answer as text deltas; raise LLMError on failure. A client with
-        `supports_tools = True` also takes `tools=` and may yield `ToolCalls` last."""
+        `supports_tools = True` also takes `tools=` (and `tool_choice=`) and may yield `ToolCalls` last."""
 
 
 def api_key_for(profile: BackendProfile) -> str:
@@ -131,10 +136,12 @@ class OpenAICompatibleLLM:
                                               timeout=timeout, max_retries=0)
         return self._client
 
-    async def stream_chat(self, messages: list[ChatMessage], tools: list[ToolSpec] | None = None
-                          ) -> AsyncIterator[str | ToolCalls]:
+    async def stream_chat(self, messages: list[ChatMessage], tools: list[ToolSpec] | None = None,
+                          tool_choice: str | None = None) -> AsyncIterator[str | ToolCalls]:
         client = self._get_client()
         extra = {"tools": [tool.openai() for tool in tools]} if tools else {}
+        if tools and tool_choice is not None:  # "none": the tools are listed (the history has calls), not offered
+            extra["tool_choice"] = tool_choice
         assembler = ToolCallAssembler()
         try:
             stream = await asyncio.wait_for(client.chat.completions.create(

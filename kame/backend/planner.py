@@ -18,7 +18,7 @@ words so far (on a worker thread) and adds the block to its system message. With
 LLM that calls them), each attempt runs the Chat Completions loop: the stream's text goes to the
 oracle as usual, its tool calls run concurrently (each within its limits; an error is a result),
 their results go back as `tool` messages and the stream continues, for at most `max_tool_rounds`
-rounds (the last round offers no tools, so the model answers). Text a model says before a tool
+rounds (the last round lists the tools with tool_choice "none", so the model answers). Text a model says before a tool
 call ("let me check") is oracle text like any other: the front-end can speak it while the tool
 runs, and the answer after the call extends it. A cancelled attempt cancels its calls (unless a
 newer attempt waits for the same call); identical calls in one user turn are served once.
@@ -393,7 +393,12 @@ class Planner:
             rounds = self.config.max_tool_rounds if self.tools_on else 0
             for round_ in range(rounds + 1):
                 offered = self.tools.specs if round_ < rounds else None
-                chunks = self.llm.stream_chat(messages, tools=offered) if offered else self.llm.stream_chat(messages)
+                if offered:
+                    chunks = self.llm.stream_chat(messages, tools=offered)
+                elif round_ > 0:  # the history holds tool calls: some endpoints then need `tools` listed
+                    chunks = self.llm.stream_chat(messages, tools=self.tools.specs, tool_choice="none")
+                else:
+                    chunks = self.llm.stream_chat(messages)
                 said, calls = [], ()
                 async for item in chunks:
                     if isinstance(item, ToolCalls):

@@ -43,10 +43,13 @@ class FakeLLM:
         self.supports_tools = supports_tools
         self.calls: list[list[ChatMessage]] = []
         self.tools_offered: list[list | None] = []
+        self.tool_choices: list[str | None] = []
 
-    async def stream_chat(self, messages: list[ChatMessage], tools: list | None = None) -> AsyncIterator:
+    async def stream_chat(self, messages: list[ChatMessage], tools: list | None = None,
+                          tool_choice: str | None = None) -> AsyncIterator:
         self.calls.append(list(messages))
-        self.tools_offered.append(tools)
+        self.tools_offered.append(None if tool_choice == "none" else tools)  # "none": listed, not offered
+        self.tool_choices.append(tool_choice)
         reply = self._replies.popleft() if len(self._replies) > 1 else self._replies[0]
         for index, delta in enumerate(reply.deltas):
             if reply.error is not None and index == reply.error_after:

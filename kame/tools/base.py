@@ -24,7 +24,8 @@ class ToolError(KameError):
 
 @dataclass(frozen=True)
 class ToolLimits:
-    timeout_s: float = 5.0  # a call running longer is cancelled and answered with an error
+    timeout_s: float = 5.0  # a call running longer is answered with an error (and cancelled; a sync
+    # python callable cannot be: it keeps a thread of its pool until it returns, kame/tools/python_tool.py)
     max_result_chars: int = 4000  # a longer result is cut, with a marker that says so
 
 

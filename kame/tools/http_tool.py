@@ -54,6 +54,9 @@ class HttpTool:
         missing = [field for field in fields if field not in arguments]
         if missing:
             raise ToolError(f"missing argument(s): {', '.join(missing)}")
+        dots = [field for field in fields if str(arguments[field]) in (".", "..")]
+        if dots:  # a dot segment would climb the path on the allowed host
+            raise ToolError(f"argument(s) {', '.join(dots)} may not be '.' or '..'")
         url = self.url.format(**{field: quote(str(arguments[field]), safe="") for field in fields})
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or (parts.hostname or "").lower() not in self.allowed_hosts:
@@ -67,8 +70,19 @@ class HttpTool:
         limit = self.limits.max_result_chars * 4 + 1024  # bytes read at most: the text is cut later anyway
         async with aiohttp.ClientSession() as client, client.request(
                 self.method, url, params=query, json=body, headers=self._headers(), allow_redirects=False) as response:
-            data = await response.content.read(limit)
+            data = await _read_at_most(response.content, limit)
             text = data.decode(response.charset or "utf-8", errors="replace")
             if response.status >= 400:
                 raise ToolError(f"HTTP {response.status}: {text[:300]}")
             return text
+
+
+async def _read_at_most(content: aiohttp.StreamReader, limit: int) -> bytes:
+    """The body up to `limit` bytes: `read(n)` returns what has arrived so far, not n bytes."""
+    data = bytearray()
+    while len(data) < limit:
+        chunk = await content.read(limit - len(data))
+        if not chunk:
+            break
+        data.extend(chunk)
+    return bytes(data)

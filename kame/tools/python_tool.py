@@ -1,6 +1,10 @@
 """`kind = "python"`: an importable callable (`"pkg.module:function"`, sync or async) as a tool. Its
 JSON schema is the one configured, or derived from its type hints and docstring (Google style
-`Args:` lines describe the parameters). A sync callable runs on a worker thread."""
+`Args:` lines describe the parameters). A sync callable runs on a thread of the tools' own pool
+(`SYNC_THREADS`), not asyncio's default one, which the ASR and the knowledge base share: a thread
+cannot be cancelled, so a sync call past its timeout is answered with an error but keeps its
+thread until it returns, and when every thread of the pool is held so, new sync calls are
+refused at once instead of queueing behind them."""
 
 from __future__ import annotations
 
@@ -8,12 +12,38 @@ import asyncio
 import importlib
 import inspect
 import re
+import threading
 import types
 import typing
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from kame.tools.base import DEFAULT_LIMITS, ToolError, ToolLimits, ToolSpec
+
+SYNC_THREADS = 8  # sync tool calls running at once, across the process
+_pool = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="kame-tool")
+_busy = threading.BoundedSemaphore(SYNC_THREADS)  # held from submit until the call returns
+
+
+def _release_after(function: Callable, /, **arguments: Any) -> Any:
+    try:
+        return function(**arguments)
+    finally:
+        _busy.release()
+
+
+async def run_sync(function: Callable, arguments: dict) -> Any:
+    """`function(**arguments)` on the tools' pool; an error at once when every thread is held."""
+    if not _busy.acquire(blocking=False):
+        raise ToolError(f"all {SYNC_THREADS} threads of the sync tools are busy (calls that timed out still run)")
+    try:
+        future = _pool.submit(_release_after, function, **arguments)
+    except BaseException:
+        _busy.release()
+        raise
+    return await asyncio.wrap_future(future)
+
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object", list: "array"}
 
@@ -103,5 +133,5 @@ class PythonTool:
             raise ToolError(f"bad arguments for {self.spec.name}: {exc}") from exc
         if inspect.iscoroutinefunction(self.function):
             return await self.function(**arguments)
-        result = await asyncio.to_thread(self.function, **arguments)
+        result = await run_sync(self.function, arguments)
         return await result if inspect.isawaitable(result) else result

@@ -36,6 +36,7 @@ class ToolBox:
     orphan_grace_s: float = 1.5  # a call no attempt waits for is cancelled after this long (0: at once)
     _turn: int = -1
     _cache: dict[tuple[str, str], _Shared] = field(default_factory=dict)
+    _running: set[asyncio.Task] = field(default_factory=set)  # every call not yet done, of any turn
 
     @classmethod
     def of(cls, *sources: Mapping[str, Tool] | Iterable[Tool], spawn=None, orphan_grace_s: float = 1.5) -> ToolBox:
@@ -47,6 +48,19 @@ class ToolBox:
 
     def add(self, tool: Tool) -> None:
         self.tools[tool.spec.name] = tool
+
+    def set_client_tools(self, tools: Iterable[Tool]) -> list[str]:
+        """Replace the client's tools (those marked `client`) with `tools`. The server's own tools
+        stay and win: a client tool named like one is left out. Returns the names left out."""
+        for name in [name for name, tool in self.tools.items() if getattr(tool, "client", False)]:
+            del self.tools[name]
+        clashes = []
+        for tool in tools:
+            if tool.spec.name in self.tools:
+                clashes.append(tool.spec.name)
+            else:
+                self.tools[tool.spec.name] = tool
+        return clashes
 
     def remove(self, name: str) -> None:
         self.tools.pop(name, None)
@@ -62,7 +76,10 @@ class ToolBox:
         self.calls_made += 1
         coro = run_tool(self.tools.get(call.name), call)
         name = f"tool-{call.name}-{call.id}"
-        return self.spawn(coro, name) if self.spawn else asyncio.get_running_loop().create_task(coro, name=name)
+        task = self.spawn(coro, name) if self.spawn else asyncio.get_running_loop().create_task(coro, name=name)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return task
 
     async def run(self, call: ToolCall, turn: int) -> ToolResult:
         """The result of `call` in user turn `turn`: from the cache, or by running the tool."""
@@ -90,7 +107,7 @@ class ToolBox:
 
     async def aclose(self) -> None:
         """Cancel every call still running (the session ends)."""
-        tasks = [shared.task for shared in self._cache.values() if not shared.task.done()]
+        tasks = [task for task in self._running if not task.done()]  # earlier turns' calls too
         self._cache = {}
         for task in tasks:
             task.cancel()
