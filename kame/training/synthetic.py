@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from kame.frontend.oracle import TextTokenizer, tokenize_words
+from kame.training.tokens import lm_config, place_tokens, write_manifest, write_token_file
 
-FRAME_RATE = 12.5
 QUESTIONS = Path(__file__).resolve().parents[1] / "data" / "mt_bench_questions.jsonl"
 
 
@@ -47,20 +46,6 @@ class Shape:
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
-
-
-def place_words(words: list[tuple[float, list[int]]], frames: int, padding_id: int) -> list[int]:
-    """The text stream: each word's tokens from frame int(start * 12.5) on, one per frame, pushed
-    later while the previous word's tokens still occupy the frame; padding elsewhere."""
-    text, free = [padding_id] * frames, 0
-    for start, tokens in sorted(words, key=lambda w: w[0]):
-        frame = max(int(start * FRAME_RATE), free)
-        for token in tokens:
-            if frame < frames:
-                text[frame] = token
-            frame += 1
-        free = frame
-    return text
 
 
 SILENCE_CODE = 0  # the audio code of a channel while its speaker is silent
@@ -105,11 +90,11 @@ def dialogue_tensors(rng: random.Random, tokenizer: TextTokenizer, shape: Shape,
     """(tensors, metadata) of one copy-task dialogue."""
     tokens = [tokenize_words(tokenizer, " ".join(words)) for words in answers]
     users, assistants, events, frames = _turns(rng, tokens)
-    spoken = [(start / FRAME_RATE, t) for (start, _), t in zip(assistants, tokens, strict=True)]
+    spoken = [(start, t) for (start, _), t in zip(assistants, tokens, strict=True)]
     tensors = {
         "user_codes": _audio(_voice(shape.n_q - shape.dep_q, shape.card, 1), frames, users, shape.card),
         "assistant_codes": _audio(_voice(shape.dep_q, shape.card, 2), frames, assistants, shape.card),
-        "text": torch.tensor(place_words(spoken, frames, shape.padding_id), dtype=torch.int32),
+        "text": torch.tensor(place_tokens(spoken, frames, shape.padding_id)[0], dtype=torch.int32),
     }
     oracle_events = [[frame, t, True] for (frame, _), t in zip(events, tokens, strict=True)]
     meta = {"name": name, "frames": frames, "oracle_events": oracle_events, "frontend": shape.as_dict()}
@@ -122,10 +107,9 @@ def write_copy_task(run_dir: Path, frontend: str, tokenizer: TextTokenizer, shap
     are those of at most `max_pieces` tokens; a word is used again only once all have been used."""
     rng = random.Random(seed)
     folder = Path(run_dir) / "tokens"
-    folder.mkdir(parents=True, exist_ok=True)
     words = [w for w in vocabulary() if len(tokenize_words(tokenizer, w)) <= max_pieces]
     pool: list[str] = []
-    paths, names = [], []
+    names = []
     for index in range(dialogues):
         answers = []
         for _ in range(turns):
@@ -134,17 +118,13 @@ def write_copy_task(run_dir: Path, frontend: str, tokenizer: TextTokenizer, shap
             answers.append([pool.pop() for _ in range(words_per_turn)])
         name = f"dialogue_{index:03d}"
         tensors, meta = dialogue_tensors(rng, tokenizer, shape, answers, name)
-        path = folder / f"{name}.safetensors"
-        save_file(tensors, str(path), metadata={"kame": json.dumps(meta)})
-        paths.append(path)
+        write_token_file(folder / f"{name}.safetensors", tensors, meta)
         names.append(name)
-    manifest = {"frontend": frontend, "frontend_config": shape.as_dict(), "dialogues": names}
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    return paths
+    return _manifest(run_dir, frontend, shape, names)
 
 
 def shape_of(lm) -> Shape:
-    return Shape(lm.text_card, lm.text_padding_token_id, lm.n_q, lm.dep_q, lm.card)
+    return Shape(**lm_config(lm))
 
 
 def write_random_tokens(run_dir: Path, frontend: str, shape: Shape, *, dialogues: int = 4, frames: int = 600,
@@ -153,9 +133,8 @@ def write_random_tokens(run_dir: Path, frontend: str, shape: Shape, *, dialogues
     for measuring training speed and memory, where what is learnt does not matter."""
     generator = torch.Generator().manual_seed(seed)
     folder = Path(run_dir) / "tokens"
-    folder.mkdir(parents=True, exist_ok=True)
     dtype = torch.int16 if shape.card < 2**15 else torch.int32
-    paths, names = [], []
+    names = []
     for index in range(dialogues):
         text = torch.randint(0, shape.text_card, (frames,), generator=generator, dtype=torch.int32)
         text[torch.rand(frames, generator=generator) < 0.7] = shape.padding_id
@@ -166,10 +145,12 @@ def write_random_tokens(run_dir: Path, frontend: str, shape: Shape, *, dialogues
                   for frame in range(0, frames, 62)]
         name = f"random_{index:03d}"
         meta = {"name": name, "frames": frames, "oracle_events": events, "frontend": shape.as_dict()}
-        path = folder / f"{name}.safetensors"
-        save_file(tensors, str(path), metadata={"kame": json.dumps(meta)})
-        paths.append(path)
+        write_token_file(folder / f"{name}.safetensors", tensors, meta)
         names.append(name)
-    manifest = {"frontend": frontend, "frontend_config": shape.as_dict(), "dialogues": names}
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    return paths
+    return _manifest(run_dir, frontend, shape, names)
+
+
+def _manifest(run_dir: Path, frontend: str, shape: Shape, names: list[str]) -> list[Path]:
+    """Write the manifest of these token files; their paths."""
+    write_manifest(run_dir, frontend, shape.as_dict(), names)
+    return [Path(run_dir) / "tokens" / f"{name}.safetensors" for name in names]

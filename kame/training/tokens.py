@@ -36,28 +36,56 @@ class _Dialogue:
     out: Path
 
 
-def frontend_config(frontend: Frontend) -> dict:
-    lm = frontend.lm
+def lm_config(lm) -> dict:
+    """The five keys of the manifest's `frontend_config`: what token files must match."""
     return {"text_card": lm.text_card, "padding_id": lm.text_padding_token_id, "n_q": lm.n_q,
             "dep_q": lm.dep_q, "card": lm.card}
 
 
-def text_stream(words: list[dict], frames: int, tokenizer: TextTokenizer, padding_id: int) -> list[int]:
-    """The assistant's words as one token per frame, each word from its start frame on (or right after
-    the previous word's tokens, if those still run), padding elsewhere."""
-    stream, cursor = [padding_id] * frames, 0
-    for word in words:
-        if word["speaker"] != "assistant":
-            continue
-        position = max(frame_of(word["start"]), cursor)
-        for token in tokenize_words(tokenizer, word["word"]):
+def frontend_config(frontend: Frontend) -> dict:
+    return lm_config(frontend.lm)
+
+
+def place_tokens(words: list[tuple[int, list[int]]], frames: int, padding_id: int) -> tuple[list[int], list[int]]:
+    """The text stream of `(start frame, tokens)` words, in start order: each word's tokens one per
+    frame from its start frame on (or right after the previous word's tokens, if those still run),
+    padding elsewhere. Also the indices of the words whose tail ran past the last frame (cut)."""
+    stream, cursor, cut = [padding_id] * frames, 0, []
+    for index, (start, tokens) in sorted(enumerate(words), key=lambda item: item[1][0]):
+        position = max(start, cursor)
+        for token in tokens:
             if position < frames:
                 stream[position] = token
             position += 1
         if position > frames:
-            logger.warning("the text of %r runs past the end of the audio: its tail is cut", word["word"])
+            cut.append(index)
         cursor = position
+    return stream, cut
+
+
+def text_stream(words: list[dict], frames: int, tokenizer: TextTokenizer, padding_id: int) -> list[int]:
+    """The assistant's words as one token per frame (`place_tokens`), each from int(start * 12.5)."""
+    said = [word for word in words if word["speaker"] == "assistant"]
+    stream, cut = place_tokens([(frame_of(w["start"]), tokenize_words(tokenizer, w["word"])) for w in said],
+                               frames, padding_id)
+    for index in cut:
+        logger.warning("the text of %r runs past the end of the audio: its tail is cut", said[index]["word"])
     return stream
+
+
+def write_token_file(path: Path, tensors: dict[str, torch.Tensor], meta: dict, inputs: str | None = None) -> None:
+    """One dialogue's token file, through a temporary file: its tensors, `meta` as the `kame`
+    metadata, and (for the token stage's reruns) the hash of its inputs."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    metadata = {"kame": json.dumps(meta)} | ({"inputs_sha256": inputs} if inputs is not None else {})
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(tensors, str(tmp), metadata=metadata)
+    tmp.replace(path)
+
+
+def write_manifest(run_dir: Path, frontend: str, config: dict, names: list[str]) -> None:
+    write_json(Path(run_dir) / "tokens" / "manifest.json",
+               {"frontend": frontend, "frontend_config": config, "dialogues": names})
 
 
 def oracle_events(events: list[dict], tokenizer: TextTokenizer) -> list[list]:
@@ -121,10 +149,7 @@ def token_file(frontend: Frontend, dialogue: _Dialogue, codes: torch.Tensor) -> 
         "assistant_codes": codes[1, : lm.dep_q].to(torch.int16).contiguous(),
         "text": torch.tensor(text, dtype=torch.int32),
     }
-    dialogue.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dialogue.out.with_name(f".{dialogue.out.name}.tmp")
-    save_file(tensors, str(tmp), metadata={"kame": json.dumps(meta), "inputs_sha256": dialogue.inputs})
-    tmp.replace(dialogue.out)
+    write_token_file(dialogue.out, tensors, meta, dialogue.inputs)
 
 
 def tokenize(run_dir: Path, *, frontend: str, device: str = "auto", quantize: str | None = None) -> list[Path]:
@@ -152,7 +177,7 @@ def tokenize(run_dir: Path, *, frontend: str, device: str = "auto", quantize: st
             for dialogue, codes in zip(batch, encode(loaded, [_audio(d) for d in batch]), strict=True):
                 token_file(loaded, dialogue, codes)
                 bar.update()
-    write_json(manifest_path, {"frontend": frontend, "frontend_config": config, "dialogues": names})
+    write_manifest(run_dir, frontend, config, names)
     return [d.out for d in dialogues]
 
 
