@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 import sphn
@@ -14,14 +15,19 @@ from kame.cli import main
 from .conftest import QUESTIONS, words
 
 
-def test_client_streams_a_file_and_records_the_answer(tandem_server, voices, tmp_path, capsys):
+def ask_france(tandem_server, voices, tmp_path, capsys, *flags: str) -> tuple[list[dict], Path]:
+    """`kame client --json` with the spoken France question: its JSON lines and the answer's WAV."""
     url, _ = tandem_server
     question = tmp_path / "question.wav"
     write_wav(question, voices["france"])
     out = tmp_path / "answer.wav"
     assert main(["client", "--url", url + "/api/chat", "--input", str(question), "--output", str(out),
-                 "--tail", "3", "--json"]) == 0
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+                 "--json", *flags]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()], out
+
+
+def test_client_streams_a_file_and_records_the_answer(tandem_server, voices, tmp_path, capsys):
+    lines, out = ask_france(tandem_server, voices, tmp_path, capsys, "--tail", "3")
     summary = lines[-1]
     assert summary["type"] == "summary" and "Paris is the capital of France" in summary["assistant_text"]
     events = [line["event"] for line in lines if line["type"] == "event"]
@@ -137,13 +143,7 @@ def test_client_errors_are_one_line_with_a_distinct_exit_code(tmp_path):
 
 
 def test_client_realtime_api_goes_through_the_openai_sdk(tandem_server, voices, tmp_path, capsys):
-    url, _ = tandem_server
-    question = tmp_path / "question.wav"
-    write_wav(question, voices["france"])
-    out = tmp_path / "answer.wav"
-    assert main(["client", "--url", url + "/api/chat", "--input", str(question), "--output", str(out),
-                 "--tail", "4", "--json", "--realtime-api"]) == 0
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    lines, out = ask_france(tandem_server, voices, tmp_path, capsys, "--tail", "4", "--realtime-api")
     summary = lines[-1]
     assert summary["url"].endswith("/v1/realtime") and summary["errors"] == 0
     assert words(summary["user_text"])[:6] == words("What is the capital of France")

@@ -189,6 +189,18 @@ def test_sync_tools_that_hang_hold_their_own_pool_not_asyncio_s():
 # ------------------------------------------------------------------ http tools
 
 
+async def loopback(*routes: tuple[str, object]) -> tuple[web.AppRunner, int]:
+    """A real aiohttp server on a free loopback port with these GET routes: (its runner, the port)."""
+    app = web.Application()
+    for path, handler in routes:
+        app.router.add_get(path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]
+
+
 @pytest.fixture
 def http_endpoint():
     """A real aiohttp server on loopback: /weather/{city} echoes what it got."""
@@ -202,13 +214,7 @@ def http_endpoint():
         return web.json_response({"city": request.match_info["city"], "sky": "clear"})
 
     async def start():
-        app = web.Application()
-        app.router.add_get("/weather/{city}", weather)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        return runner, site._server.sockets[0].getsockname()[1]
+        return await loopback(("/weather/{city}", weather))
 
     return start, seen
 
@@ -264,13 +270,7 @@ def test_a_body_sent_in_pieces_is_read_whole_and_a_long_one_cut_with_a_marker():
         return response
 
     async def scenario():
-        app = web.Application()
-        app.router.add_get("/pieces", pieces)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
+        runner, port = await loopback(("/pieces", pieces))
         whole = HttpTool("p", f"http://127.0.0.1:{port}/pieces", ["127.0.0.1"])
         cut = HttpTool("p", f"http://127.0.0.1:{port}/pieces", ["127.0.0.1"], limits=ToolLimits(max_result_chars=500))
         try:
