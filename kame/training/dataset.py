@@ -23,6 +23,12 @@ CONFIG_KEYS = ("text_card", "padding_id", "n_q", "dep_q", "card")
 HELD_OUT_FRACTION = 0.1
 
 
+def lm_config(lm) -> dict:
+    """The manifest's `frontend_config` of a moshi LM: the CONFIG_KEYS token files must match."""
+    return {"text_card": lm.text_card, "padding_id": lm.text_padding_token_id, "n_q": lm.n_q,
+            "dep_q": lm.dep_q, "card": lm.card}
+
+
 @dataclass(frozen=True)
 class Dialogue:
     """One tokenised dialogue."""
@@ -110,10 +116,8 @@ def load_tokens(run_dir: Path) -> TokenSet:
     return TokenSet(manifest["frontend"], config, dialogues)
 
 
-def check_frontend(tokens: TokenSet, lm_config: dict, padding_id: int, frontend: str) -> None:
-    """The tokens must have been made for a model of the base's shape."""
-    mine = {"text_card": lm_config["text_card"], "padding_id": padding_id, "n_q": lm_config["n_q"],
-            "dep_q": lm_config["dep_q"], "card": lm_config["card"]}
+def check_frontend(tokens: TokenSet, mine: dict, frontend: str) -> None:
+    """The tokens must have been made for a model of the base's shape (`mine`: its `lm_config`)."""
     theirs = {k: tokens.config[k] for k in CONFIG_KEYS}
     if mine != theirs:
         raise KameError(

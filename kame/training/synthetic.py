@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from kame.frontend.oracle import TextTokenizer, tokenize_words
-from kame.training.tokens import lm_config, place_tokens, write_manifest, write_token_file
+from kame.training.dataset import lm_config
+from kame.training.tokens import place_tokens, write_manifest, write_token_file
 
 QUESTIONS = Path(__file__).resolve().parents[1] / "data" / "mt_bench_questions.jsonl"
 

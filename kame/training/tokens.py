@@ -19,6 +19,7 @@ from kame.audio import FRAME_SIZE, SAMPLE_RATE
 from kame.files import sha256_of
 from kame.frontend.loader import Frontend, load_frontend
 from kame.frontend.oracle import TextTokenizer, tokenize_words
+from kame.training.dataset import lm_config
 from kame.training.dialogues import read_channels
 from kame.training.runfiles import DataError, digest, frame_of, prepared_files, read_json, write_json
 
@@ -34,12 +35,6 @@ class _Dialogue:
     oracles: dict
     inputs: str  # hash of what its token file is made from
     out: Path
-
-
-def lm_config(lm) -> dict:
-    """The five keys of the manifest's `frontend_config`: what token files must match."""
-    return {"text_card": lm.text_card, "padding_id": lm.text_padding_token_id, "n_q": lm.n_q,
-            "dep_q": lm.dep_q, "card": lm.card}
 
 
 def frontend_config(frontend: Frontend) -> dict:

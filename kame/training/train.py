@@ -28,7 +28,7 @@ from kame.frontend.loader import Frontend, load_frontend, resolve_device
 from kame.training import checkpoints
 from kame.training.augment import augmented_stream
 from kame.training.checkpoints import RunConfig
-from kame.training.dataset import Chunk, check_frontend, load_tokens, sample_chunks, split
+from kame.training.dataset import Chunk, check_frontend, lm_config, load_tokens, sample_chunks, split
 from kame.training.model import OracleLM, add_lora, compute_loss
 
 logger = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ def train(run_dir: Path, options: TrainOptions) -> Path:
     tokens = load_tokens(run_dir)
     frontend = load_base(options.frontend, device, bool(options.lora_rank))
     lm = frontend.lm
-    check_frontend(tokens, _lm_shape(frontend), lm.text_padding_token_id, options.frontend)
+    check_frontend(tokens, lm_config(lm), options.frontend)
     train_set, _ = split(tokens.dialogues)
     config = run_config(options, count_params(frontend))
     model = build_model(frontend, config.lora_rank)
@@ -226,11 +226,6 @@ def train(run_dir: Path, options: TrainOptions) -> Path:
     bar.close()
     log.plot()
     return _final_checkpoint(run_dir)
-
-
-def _lm_shape(frontend: Frontend) -> dict:
-    lm = frontend.lm
-    return {"text_card": lm.text_card, "n_q": lm.n_q, "dep_q": lm.dep_q, "card": lm.card}
 
 
 def _start(run_dir: Path, options: TrainOptions, config: RunConfig, model: nn.Module, opt, sched,
