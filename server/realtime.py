@@ -20,7 +20,6 @@ import collections
 import dataclasses
 import json
 import logging
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from kame.protocol import ProtocolError, wire_event
 from kame.session import TandemSession
 from kame.session_events import AssistantAudio, AssistantText, SessionFailed, Transcript
 from kame.telephony import TELEPHONE_RATE, Downsampler, Upsampler, alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
-from kame.tools.base import ToolLimits, ToolSpec
+from kame.tools.base import TOOL_NAME, ToolLimits, ToolSpec
 from server.services import Services
 from server.transport import Ended, SocketSession
 
@@ -191,7 +190,7 @@ def _client_tools(session: RealtimeSession, tools: list, timeout_s: float) -> li
         if tool.get("type", "function") != "function":
             raise RealtimeError("invalid_value", f"only function tools are served, not {tool.get('type')!r}", param)
         name = tool.get("name")
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
             raise RealtimeError("invalid_value", "a function's name is 1-64 letters, digits, _ or -", f"{param}.name")
         parameters = tool.get("parameters") or {"type": "object", "properties": {}}
         if not isinstance(parameters, dict):

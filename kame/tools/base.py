@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -20,6 +21,9 @@ TRUNCATED = "\n[... truncated: the result was {total} characters, only the first
 
 class ToolError(KameError):
     """A tool that cannot be built (config) or a call that failed (its message goes to the LLM)."""
+
+
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what the Chat Completions API accepts (fullmatch)
 
 
 @dataclass(frozen=True)

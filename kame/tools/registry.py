@@ -4,10 +4,9 @@ the LLM is offered none). MCP servers are connected and their tools listed here.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable, Mapping
 
-from kame.tools.base import Tool, ToolError, ToolSpec
+from kame.tools.base import TOOL_NAME, Tool, ToolError, ToolSpec
 from kame.tools.config import HttpToolConfig, McpToolConfig, PythonToolConfig, ToolConfig
 from kame.tools.http_tool import HttpTool
 from kame.tools.mcp_tool import McpServer
@@ -15,7 +14,6 @@ from kame.tools.python_tool import PythonTool
 
 logger = logging.getLogger(__name__)
 
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what the Chat Completions API accepts
 
 
 class ToolRegistry:
@@ -27,7 +25,7 @@ class ToolRegistry:
 
     def add(self, tool: Tool) -> None:
         name = tool.spec.name
-        if not _NAME.match(name):
+        if not TOOL_NAME.fullmatch(name):
             raise ToolError(f"tool name {name!r}: only letters, digits, _ and -, at most 64")
         if name in self.tools:
             raise ToolError(f"two tools are named {name!r} (an MCP server's prefix = true keeps names apart)")
