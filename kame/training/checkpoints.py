@@ -35,6 +35,8 @@ class RunConfig:
     betas: tuple[float, float]
     warmup: int
     seed: int
+    augment: bool = True  # jitter and drop oracle events (kame.training.augment)
+    audio_weight: float = 1.0  # the audio loss's share of the total
 
 
 def train_dir(run_dir: Path) -> Path:

@@ -76,12 +76,13 @@ def audio_loss(logits: Logits, target: torch.Tensor) -> torch.Tensor:
     return (ce * weight).sum() / weight.sum().clamp(min=1e-6)
 
 
-def compute_loss(logits: Logits, codes: torch.Tensor, padding_id: int) -> Loss:
-    """Text loss + audio loss; `codes` are the model's input codes (the targets, not delayed)."""
+def compute_loss(logits: Logits, codes: torch.Tensor, padding_id: int, audio_weight: float = 1.0) -> Loss:
+    """Text loss + `audio_weight` x audio loss; `codes` are the model's input codes (the targets,
+    not delayed). With `audio_weight` 0 the audio heads get zero gradients and stay as they were."""
     dep_q = logits.audio.shape[1]
     text = text_loss(logits, codes[:, 0], padding_id)
     audio = audio_loss(logits, codes[:, 1:1 + dep_q])
-    return Loss(text + audio, text, audio)
+    return Loss(text + audio_weight * audio, text, audio)
 
 
 def text_accuracy_counts(logits: Logits, target: torch.Tensor, padding_id: int) -> tuple[int, int]:

@@ -26,7 +26,7 @@ from torch import nn
 from kame.errors import KameError
 from kame.frontend.loader import Frontend, load_frontend, resolve_device
 from kame.training import checkpoints
-from kame.training.augment import augmented_stream
+from kame.training.augment import augmented_stream, stream_of
 from kame.training.checkpoints import RunConfig
 from kame.training.dataset import Chunk, check_frontend, lm_config, load_tokens, sample_chunks, split
 from kame.training.model import OracleLM, add_lora, compute_loss
@@ -51,6 +51,8 @@ class TrainOptions:
     checkpoint_every: int | None = None  # None: 4 checkpoints per run
     log_every: int = 10
     resume: bool = False
+    augment: bool = True  # False: every example sees its dialogue's oracle events as recorded
+    audio_weight: float = 1.0  # 0: text loss only (the audio heads are not trained)
 
 
 def size_defaults(params: int) -> dict:
@@ -66,7 +68,8 @@ def run_config(options: TrainOptions, params: int) -> RunConfig:
     return RunConfig(
         frontend=options.frontend, lora_rank=options.lora_rank, steps=steps, chunk=options.chunk,
         batch=options.batch or d["batch"], lr=options.lr or d["lr"], weight_decay=d["weight_decay"],
-        betas=(0.9, 0.95), warmup=max(1, steps // 20), seed=options.seed,
+        betas=(0.9, 0.95), warmup=max(1, steps // 20), seed=options.seed, augment=options.augment,
+        audio_weight=options.audio_weight,
     )
 
 
@@ -160,12 +163,15 @@ def lr_factor(step: int, config: RunConfig) -> float:
 
 
 def make_batch(chunks: list[Chunk], rng: random.Random, start_token: int, padding_token: int,
-               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes [B, 1 + n_q, L], oracle [B, L]) of the chunks, each with a freshly augmented oracle
-    built over its whole dialogue (an oracle applied before the window still shows in it)."""
+               device: torch.device, augment: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes [B, 1 + n_q, L], oracle [B, L]) of the chunks, each with its oracle built over its
+    whole dialogue (an oracle applied before the window still shows in it), freshly augmented
+    unless `augment` is False."""
     codes, oracle = [], []
     for c in chunks:
-        stream = augmented_stream(c.dialogue.events, c.start + c.length, start_token, padding_token, rng)
+        frames = c.start + c.length
+        stream = (augmented_stream(c.dialogue.events, frames, start_token, padding_token, rng) if augment
+                  else stream_of(c.dialogue.events, frames, start_token, padding_token))
         codes.append(c.dialogue.codes(c.start, c.length))
         oracle.append(torch.tensor(stream[c.start:], dtype=torch.long))
     return torch.stack(codes).to(device), torch.stack(oracle).to(device)
@@ -208,9 +214,10 @@ def train(run_dir: Path, options: TrainOptions) -> Path:
     bar = _progress(config.steps, step, r.main)
     while step < config.steps:
         chunks = sample_chunks(train_set, config.batch, config.chunk, rng)
-        codes, oracle = make_batch(chunks, rng, lm.text_initial_token_id, lm.text_padding_token_id, device)
+        codes, oracle = make_batch(chunks, rng, lm.text_initial_token_id, lm.text_padding_token_id, device,
+                                   config.augment)
         with autocast(device):
-            loss = compute_loss(wrapped(codes, oracle), codes, lm.text_padding_token_id)
+            loss = compute_loss(wrapped(codes, oracle), codes, lm.text_padding_token_id, config.audio_weight)
         opt.zero_grad(set_to_none=True)
         loss.total.backward()
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
