@@ -1,10 +1,16 @@
-"""Synthetic token files in RUN/tokens's format, for tests and benchmarks without audio.
+"""Synthetic token files in RUN/tokens's format, for tests, benchmarks and the `tiny-copy` recipe.
 
-A copy task: each dialogue's assistant says words that only that dialogue's oracle holds (drawn
-from the MT-Bench questions' words, none used twice while unused ones remain).
-A front-end that learned to follow its oracle predicts them; with another dialogue's oracle it
-cannot. The audio codes are random but shared by every dialogue (one voice per side), so only
-the oracle tells the dialogues apart. The files are written exactly as the token stage writes them.
+- A copy task (`write_copy_task`): each dialogue's assistant says words that only that dialogue's
+  oracle holds (drawn from the MT-Bench questions' words, none used twice while unused ones
+  remain). A front-end that learned to follow its oracle predicts them; with another dialogue's
+  oracle it cannot. The audio codes are random but shared by every dialogue (one voice per side),
+  so only the oracle tells the dialogues apart.
+- The oracle echo (`write_oracle_echo`): the assistant's text at every frame is the oracle's token
+  of that frame, over random audio. What `tiny-copy` is trained on: its text stream repeats
+  whatever the backend puts in its oracle, so tests can see the oracle path end to end.
+- Random tokens (`write_random_tokens`): for speed and memory only.
+
+The files are written exactly as the token stage writes them.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from kame.frontend.oracle import TextTokenizer, tokenize_words
+from kame.frontend.oracle import TextTokenizer, oracle_stream, tokenize_words
 from kame.training.dataset import lm_config
 from kame.training.tokens import place_tokens, write_manifest, write_token_file
 
@@ -33,6 +39,13 @@ def vocabulary() -> list[str]:
     return sorted(words)
 
 
+def sentences() -> list[str]:
+    """The MT-Bench questions cut into sentences (about 400)."""
+    found = []
+    for line in QUESTIONS.read_text().splitlines():
+        for turn in json.loads(line)["turns"]:
+            found.extend(s.strip() for s in turn.replace("\n", " ").split(". ") if s.strip())
+    return found
 
 
 @dataclass(frozen=True)
@@ -119,6 +132,55 @@ def write_copy_task(run_dir: Path, frontend: str, tokenizer: TextTokenizer, shap
             answers.append([pool.pop() for _ in range(words_per_turn)])
         name = f"dialogue_{index:03d}"
         tensors, meta = dialogue_tensors(rng, tokenizer, shape, answers, name)
+        write_token_file(folder / f"{name}.safetensors", tensors, meta)
+        names.append(name)
+    return _manifest(run_dir, frontend, shape, names)
+
+
+ECHO_INTERRUPT = 0.3  # the share of oracle updates that a newer one replaces before it is read out
+ECHO_MAX_GAP = 15  # frames of padding at most between the end of one update and the next
+
+
+def echo_events(rng: random.Random, pieces: list[list[int]], frames: int) -> list[list]:
+    """Oracle events [frame, tokens, True] over `frames`: a random prefix of a random sentence at a
+    time, mostly read out to the end and followed by a short gap, sometimes cut short by the next
+    update (which the engine's timeline clears the rest of the older one for)."""
+    events, frame = [], rng.randrange(0, 12)
+    while frame < frames:
+        tokens = rng.choice(pieces)
+        tokens = tokens[: rng.randrange(1, len(tokens) + 1)]
+        events.append([frame, tokens, True])
+        span = 1 + len(tokens)  # the start token, then one token per frame
+        if rng.random() < ECHO_INTERRUPT:
+            frame += rng.randrange(2, span + 1)
+        else:
+            frame += span + rng.randrange(0, ECHO_MAX_GAP)
+    return events
+
+
+def write_oracle_echo(run_dir: Path, frontend: str, tokenizer: TextTokenizer, shape: Shape, *,
+                      dialogues: int = 2000, frames: int = 160, seed: int = 0) -> list[Path]:
+    """RUN/tokens for the oracle echo: text = the oracle stream (padding where it holds its start
+    token or padding), audio codes uniformly random on both sides."""
+    rng = random.Random(seed)
+    generator = torch.Generator().manual_seed(seed)
+    pieces = [p for p in (tokenize_words(tokenizer, s) for s in sentences()) if p]
+    start, pad = shape.text_card, shape.padding_id
+    dtype = torch.int16 if shape.card < 2**15 else torch.int32
+    folder = Path(run_dir) / "tokens"
+    names = []
+    for index in range(dialogues):
+        events = echo_events(rng, pieces, frames)
+        stream = torch.tensor(oracle_stream([(f, t) for f, t, _ in events], frames, start, pad), dtype=torch.int32)
+        tensors = {
+            "user_codes": torch.randint(0, shape.card, (shape.n_q - shape.dep_q, frames), generator=generator),
+            "assistant_codes": torch.randint(0, shape.card, (shape.dep_q, frames), generator=generator),
+            "text": torch.where(stream == start, pad, stream),
+        }
+        tensors["user_codes"], tensors["assistant_codes"] = (tensors["user_codes"].to(dtype),
+                                                             tensors["assistant_codes"].to(dtype))
+        name = f"echo_{index:05d}"
+        meta = {"name": name, "frames": frames, "oracle_events": events, "frontend": shape.as_dict()}
         write_token_file(folder / f"{name}.safetensors", tensors, meta)
         names.append(name)
     return _manifest(run_dir, frontend, shape, names)

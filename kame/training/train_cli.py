@@ -13,26 +13,35 @@ from pathlib import Path
 
 from kame.errors import KameError
 
+# what an option is when neither the command line nor a recipe gives it
+DEFAULTS = {"chunk": 512, "seed": 0, "oracles": "random", "device": "auto", "augment": True, "audio_weight": 1.0}
+
 
 def register_train(sub: argparse._SubParsersAction) -> None:
     train = sub.add_parser("train", help="train a KAME front-end on a folder of recorded dialogues")
+    train.add_argument("--recipe", default=None, metavar="NAME|FILE",
+                       help="a TOML file of these options (or a shipped recipe: tiny-copy); the command line wins")
     train.add_argument("--data", default=None, help="folder of dialogue WAVs (user left, assistant right)")
-    train.add_argument("--frontend", required=True, help="the base front-end: preset, directory or HF repo id")
+    train.add_argument("--frontend", default=None, help="the base front-end: preset, directory or HF repo id")
     train.add_argument("--out", required=True, help="the run folder: every stage's output goes under it")
     train.add_argument("--steps", type=int, default=None, help="optimizer steps (default: by model size)")
-    train.add_argument("--chunk", type=int, default=512, help="frames per training window (default 512)")
+    train.add_argument("--chunk", type=int, default=None, help="frames per training window (default 512)")
     train.add_argument("--batch", type=int, default=None, help="windows per step and process (default: by size)")
     train.add_argument("--lr", type=float, default=None, help="peak learning rate (default: by size)")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=int, default=None, help="default 0")
     train.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
                        help="write RUN/train/step-N.pt every N steps (default: four times per run)")
-    train.add_argument("--oracles", default="random", choices=["random", "llm"],
+    train.add_argument("--oracles", default=None, choices=["random", "llm"],
                        help="how the oracle of each turn is simulated (default random)")
     train.add_argument("--llm", default=None, metavar="PROFILE", help="with --oracles llm: the backend profile")
     train.add_argument("--asr-model", default=None, help="the ASR that times the words of untranscribed dialogues")
     train.add_argument("--lora-rank", type=int, default=None, metavar="R",
                        help="LoRA adapters of rank R instead of a full fine-tune")
-    train.add_argument("--device", default="auto", help="auto, cpu, cuda (default auto)")
+    train.add_argument("--no-augment", dest="augment", action="store_const", const=False, default=None,
+                       help="feed each dialogue's oracle as recorded (no jitter, no dropped events)")
+    train.add_argument("--audio-weight", type=float, default=None, metavar="W",
+                       help="the audio loss's weight against the text loss (default 1; 0: text only)")
+    train.add_argument("--device", default=None, help="auto, cpu, cuda (default auto)")
     train.add_argument("--resume", action="store_true", help="continue the training from RUN/train's newest checkpoint")
     train.add_argument("--from-tokens", action="store_true", help="start from RUN/tokens (skip the data stages)")
     train.set_defaults(func=_cmd_train)
@@ -43,8 +52,31 @@ def register_train(sub: argparse._SubParsersAction) -> None:
     export.set_defaults(func=_cmd_export)
 
 
-def _check_args(args: argparse.Namespace) -> None:
-    if not args.from_tokens and not args.data:
+def apply_recipe(args: argparse.Namespace) -> dict | None:
+    """Fill the options the command line left out from --recipe, then from DEFAULTS; the recipe's
+    [synthetic] table, if it has one."""
+    synthetic = None
+    if args.recipe:
+        from kame.training.recipe import load
+
+        recipe = load(args.recipe)
+        for key, value in recipe.options.items():
+            if getattr(args, key) is None:
+                setattr(args, key, value)
+        synthetic = recipe.synthetic
+        if synthetic is not None and args.data:
+            raise KameError(f"--data and recipe {recipe.path}'s [synthetic] data: one source of dialogues at a time")
+    for key, value in DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return synthetic
+
+
+def _check_args(args: argparse.Namespace, synthetic: dict | None) -> None:
+    if not args.frontend:
+        raise KameError("kame train needs --frontend BASE (a preset, a directory or a hub repo id), "
+                        "on the command line or in its --recipe")
+    if not args.from_tokens and not args.data and synthetic is None:
         raise KameError("kame train needs --data DIR (the recorded dialogues), "
                         "or --from-tokens to start from RUN/tokens")
     if args.data and not Path(args.data).is_dir():
@@ -55,6 +87,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise KameError("--lora-rank must be at least 1")
     if args.steps is not None and args.steps < 1:
         raise KameError("--steps must be at least 1")
+    if args.audio_weight < 0:
+        raise KameError("--audio-weight must be 0 or more")
 
 
 def data_stages(args: argparse.Namespace, run: Path) -> None:
@@ -81,19 +115,26 @@ def check_manifest(run: Path, frontend: str) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    _check_args(args)
+    synthetic = apply_recipe(args)
+    _check_args(args, synthetic)
     from kame.training.train import TrainOptions, barrier, init_distributed, rank_device, ranks, train
 
     run = Path(args.out)
     r = ranks()
     init_distributed(rank_device(args.device, r))
     if r.main and not args.from_tokens:
-        data_stages(args, run)
+        if synthetic is not None:
+            from kame.training.recipe import synthetic_stage
+
+            synthetic_stage(run, synthetic, args.frontend, args.seed)
+        else:
+            data_stages(args, run)
     barrier()
     check_manifest(run, args.frontend)
     options = TrainOptions(frontend=args.frontend, steps=args.steps, chunk=args.chunk, batch=args.batch, lr=args.lr,
                            lora_rank=args.lora_rank, device=args.device, seed=args.seed, resume=args.resume,
-                           checkpoint_every=args.checkpoint_every)
+                           checkpoint_every=args.checkpoint_every, augment=args.augment,
+                           audio_weight=args.audio_weight)
     train(run, options)
     if r.main:
         _finish(run, args.device)

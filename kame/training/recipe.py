@@ -1,0 +1,123 @@
+"""Training recipes: a TOML file of `kame train` options (and, instead of recorded dialogues, a
+synthetic data source), so that a run can be written down, committed and re-made.
+
+    kame train --recipe tiny-copy --out RUN          # a recipe shipped in kame/training/recipes/
+    kame train --recipe my-run.toml --out RUN --steps 500   # the command line wins over the file
+
+Keys are `kame train`'s long options with underscores (`lora_rank`, `audio_weight`); a
+`[synthetic]` table names a generator of RUN/tokens (see SYNTHETIC_TASKS) in place of `data`.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from kame.errors import KameError
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+
+# option -> accepted types (bool is checked before int: TOML's true is not a step count)
+OPTION_TYPES: dict[str, tuple[type, ...]] = {
+    "frontend": (str,), "data": (str,), "steps": (int,), "chunk": (int,), "batch": (int,), "lr": (float, int),
+    "seed": (int,), "checkpoint_every": (int,), "oracles": (str,), "llm": (str,), "asr_model": (str,),
+    "lora_rank": (int,), "device": (str,), "augment": (bool,), "audio_weight": (float, int),
+}
+SYNTHETIC_TASKS = ("oracle-echo", "copy")
+SYNTHETIC_KEYS = {"task": (str,), "dialogues": (int,), "frames": (int,), "seed": (int,)}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    path: Path
+    options: dict  # option -> value, checked against OPTION_TYPES
+    synthetic: dict | None  # the [synthetic] table, or None: the data comes from --data
+
+
+def shipped() -> list[str]:
+    """The names of the recipes that come with the package."""
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.toml"))
+
+
+def resolve(name: str) -> Path:
+    """A recipe file: a path, or the name of a shipped recipe."""
+    path = Path(name).expanduser()
+    if path.is_file():
+        return path
+    if "/" not in name and (RECIPES_DIR / f"{name}.toml").is_file():
+        return RECIPES_DIR / f"{name}.toml"
+    raise KameError(f"recipe {name!r}: no such file, and not a shipped recipe ({', '.join(shipped())})")
+
+
+def load(name: str) -> Recipe:
+    path = resolve(name)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise KameError(f"cannot read recipe {path}: {exc}") from exc
+    synthetic = raw.pop("synthetic", None)
+    options = {key: _checked(path, key, value, OPTION_TYPES) for key, value in raw.items()}
+    if synthetic is not None:
+        synthetic = _check_synthetic(path, synthetic)
+        if "data" in options:
+            raise KameError(f"recipe {path}: `data` and [synthetic] are two sources of dialogues; keep one")
+    return Recipe(path, options, synthetic)
+
+
+def _checked(path: Path, key: str, value, types: dict[str, tuple[type, ...]]):
+    if key not in types:
+        raise KameError(f"recipe {path}: unknown key {key!r} (known: {', '.join(sorted(types))})")
+    wanted = types[key]
+    if isinstance(value, bool) and bool not in wanted or not isinstance(value, wanted):
+        names = " or ".join(t.__name__ for t in wanted)
+        raise KameError(f"recipe {path}: {key} must be a {names}, not {value!r}")
+    return float(value) if float in wanted and not isinstance(value, bool) else value
+
+
+def _check_synthetic(path: Path, table) -> dict:
+    if not isinstance(table, dict):
+        raise KameError(f"recipe {path}: synthetic must be a table ([synthetic])")
+    spec = {key: _checked(path, key, value, SYNTHETIC_KEYS) for key, value in table.items()}
+    if spec.get("task") not in SYNTHETIC_TASKS:
+        raise KameError(f"recipe {path}: [synthetic] task must be one of {', '.join(SYNTHETIC_TASKS)}, "
+                        f"not {spec.get('task')!r}")
+    for key in ("dialogues", "frames"):
+        if key in spec and spec[key] < 2:
+            raise KameError(f"recipe {path}: [synthetic] {key} must be at least 2")
+    return spec
+
+
+# ---------------------------------------------------------------- the synthetic data stage
+
+
+def synthetic_stage(run_dir: Path, spec: dict, frontend: str, seed: int) -> list[Path]:
+    """RUN/tokens from the recipe's generator, once: a rerun with the same spec skips it, one with
+    another spec is refused (the tokens would no longer be what the recipe says)."""
+    from kame.frontend.loader import load_frontend
+    from kame.training import synthetic
+
+    spec = {"seed": seed, **spec}
+    folder = Path(run_dir) / "tokens"
+    marker = folder / "synthetic.json"
+    if marker.is_file():
+        made = json.loads(marker.read_text())
+        if made == {**spec, "frontend": frontend}:
+            return sorted(folder.glob("*.safetensors"))
+        raise KameError(f"{folder} was made by another synthetic spec ({made}); delete it to remake the tokens")
+    if (folder / "manifest.json").is_file():
+        raise KameError(f"{folder} already holds token files not made by this recipe; train into another --out")
+    base = load_frontend(frontend, "cpu")
+    if base.tokenizer is None:
+        raise KameError(f"front-end {frontend!r} has no text tokenizer: a synthetic task needs one")
+    shape = synthetic.shape_of(base.lm)
+    sizes = {k: spec[k] for k in ("dialogues", "frames") if k in spec}
+    if spec["task"] == "oracle-echo":
+        paths = synthetic.write_oracle_echo(run_dir, frontend, base.tokenizer, shape, seed=spec["seed"], **sizes)
+    else:
+        if "frames" in sizes:
+            raise KameError("[synthetic] task copy has no `frames`: its dialogues are as long as their turns")
+        paths = synthetic.write_copy_task(run_dir, frontend, base.tokenizer, shape, seed=spec["seed"], **sizes)
+    marker.write_text(json.dumps({**spec, "frontend": frontend}, indent=2) + "\n")
+    return paths
