@@ -78,6 +78,14 @@ def received_samples(got: Recording) -> int:
     return sum(len(m.pcm) for m in got.audio)
 
 
+def audio_accounted_for(got: Recording, sent_samples: int, in_flight: int = 2) -> bool:
+    """Every frame sent came back as audio or was reported dropped (the latest stats event: a loaded
+    machine skips a lagging session to live), but for the last `in_flight` frames."""
+    stats = got.of("stats")
+    dropped = stats[-1].frames_dropped if stats else 0
+    return received_samples(got) + dropped * 1920 >= sent_samples - in_flight * 1920
+
+
 async def wait_until(predicate: Callable[[], object], what: str, timeout_s: float = 10.0) -> None:
     """Return once `predicate()` is true, checking every 20 ms; fail naming `what` after `timeout_s`.
     For a state with nothing to await (a message received, a counter reached): a loaded machine only

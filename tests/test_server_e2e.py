@@ -14,6 +14,7 @@ from kame.audio import FRAME_S
 from .conftest import QUESTIONS, words
 from .server_harness import (
     Recording,
+    audio_accounted_for,
     received_samples,
     record,
     running_server,
@@ -55,7 +56,7 @@ async def talk(url: str, pcm: np.ndarray, until: str | None = None, max_after_s:
         await stream_realtime(client, silence)
         sent += len(silence)
     end = time.monotonic()
-    await wait_until(lambda: received_samples(got) >= sent - 2 * 1920, "the audio of the last frames sent")
+    await wait_until(lambda: audio_accounted_for(got, sent), "the audio of the last frames sent")
     await client.close()
     await receiver
     return got, speech_end, end - start
