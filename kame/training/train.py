@@ -58,7 +58,7 @@ class TrainOptions:
 def size_defaults(params: int) -> dict:
     """Hyper-parameters by model size: the tiny CPU models learn in minutes, 7B as Moshi fine-tunes."""
     if params < SMALL_MODEL_PARAMS:
-        return {"steps": 1500, "batch": 8, "lr": 3e-3, "weight_decay": 0.0}
+        return {"steps": 3000, "batch": 8, "lr": 3e-3, "weight_decay": 0.0}
     return {"steps": 2000, "batch": 1, "lr": 3e-5, "weight_decay": 0.1}
 
 
