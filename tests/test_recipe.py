@@ -58,12 +58,16 @@ def test_the_shipped_recipes_load_and_check_their_keys(tmp_path):
         '[synthetic]\ntask = "copy"\ndialogues = 1\n': "dialogues must be at least 2",
         'data = "x"\n[synthetic]\ntask = "copy"\n': "two sources of dialogues",
         "steps = [\n": "cannot read recipe",
+        'oracles = "oracle"\n': "oracles must be one of random, llm",
     }
     for text, message in cases.items():
         with pytest.raises(KameError, match=message):
             recipe.load(str(write(tmp_path / "bad.toml", text)))
     with pytest.raises(KameError, match="not a shipped recipe .*tiny-copy"):
         recipe.load("no-such-recipe")
+    (tmp_path / "sub").mkdir()
+    nested = recipe.load(str(write(tmp_path / "sub" / "r.toml", 'data = "../dialogues"\n')))
+    assert nested.options["data"] == str(tmp_path / "dialogues")  # beside the recipe, wherever it is run
 
 
 def test_the_command_line_wins_over_the_recipe_and_reruns_skip_the_data(tmp_path, capsys):

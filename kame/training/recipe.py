@@ -4,8 +4,9 @@ synthetic data source), so that a run can be written down, committed and re-made
     kame train --recipe tiny-copy --out RUN          # a recipe shipped in kame/training/recipes/
     kame train --recipe my-run.toml --out RUN --steps 500   # the command line wins over the file
 
-Keys are `kame train`'s long options with underscores (`lora_rank`, `audio_weight`); a
-`[synthetic]` table names a generator of RUN/tokens (see SYNTHETIC_TASKS) in place of `data`.
+Keys are `kame train`'s long options with underscores (`lora_rank`, `audio_weight`); `data`
+is relative to the recipe's own folder. A `[synthetic]` table names a generator of RUN/tokens
+(see SYNTHETIC_TASKS) in place of `data`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ OPTION_TYPES: dict[str, tuple[type, ...]] = {
     "lora_rank": (int,), "device": (str,), "augment": (bool,), "audio_weight": (float, int),
 }
 SYNTHETIC_TASKS = ("oracle-echo", "copy")
+ORACLE_STRATEGIES = ("random", "llm")  # kame.training.oracles.STRATEGIES, without importing the data stages
 SYNTHETIC_KEYS = {"task": (str,), "dialogues": (int,), "frames": (int,), "seed": (int,)}
 
 
@@ -59,6 +61,11 @@ def load(name: str) -> Recipe:
         raise KameError(f"cannot read recipe {path}: {exc}") from exc
     synthetic = raw.pop("synthetic", None)
     options = {key: _checked(path, key, value, OPTION_TYPES) for key, value in raw.items()}
+    if options.get("oracles", "random") not in ORACLE_STRATEGIES:
+        raise KameError(f"recipe {path}: oracles must be one of {', '.join(ORACLE_STRATEGIES)}, "
+                        f"not {options['oracles']!r}")
+    if "data" in options:  # a recipe's folders are where the recipe is, not where it is run from
+        options["data"] = str((path.parent / Path(options["data"]).expanduser()).resolve())
     if synthetic is not None:
         synthetic = _check_synthetic(path, synthetic)
         if "data" in options:

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from kame.errors import KameError
+from kame.training.recipe import ORACLE_STRATEGIES
 
 # what an option is when neither the command line nor a recipe gives it
 DEFAULTS = {"chunk": 512, "seed": 0, "oracles": "random", "device": "auto", "augment": True, "audio_weight": 1.0}
@@ -31,7 +32,7 @@ def register_train(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--seed", type=int, default=None, help="default 0")
     train.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
                        help="write RUN/train/step-N.pt every N steps (default: four times per run)")
-    train.add_argument("--oracles", default=None, choices=["random", "llm"],
+    train.add_argument("--oracles", default=None, choices=ORACLE_STRATEGIES,
                        help="how the oracle of each turn is simulated (default random)")
     train.add_argument("--llm", default=None, metavar="PROFILE", help="with --oracles llm: the backend profile")
     train.add_argument("--asr-model", default=None, help="the ASR that times the words of untranscribed dialogues")
