@@ -57,6 +57,7 @@ def test_the_shipped_recipes_load_and_check_their_keys(tmp_path):
         '[synthetic]\ntask = "poetry"\n': "task must be one of oracle-echo, copy",
         '[synthetic]\ntask = "copy"\ndialogues = 1\n': "dialogues must be at least 2",
         'data = "x"\n[synthetic]\ntask = "copy"\n': "two sources of dialogues",
+        '[synthetic]\ntask = "copy"\nframes = 50\n': "task copy has no `frames`",
         "steps = [\n": "cannot read recipe",
         'oracles = "oracle"\n': "oracles must be one of random, llm",
     }
@@ -90,17 +91,57 @@ def test_the_command_line_wins_over_the_recipe_and_reruns_skip_the_data(tmp_path
     assert "one source of dialogues" in capsys.readouterr().err
     assert kame(["train", "--recipe", str(write(tmp_path / "nofe.toml", "steps = 2\n")), "--out", str(run)]) == 2
     assert "needs --frontend" in capsys.readouterr().err
+    for flags, message in ((["--chunk", "0"], "--chunk must be at least 1"), (["--batch", "0"], "--batch must be"),
+                           (["--lr", "0"], "--lr must be a positive"), (["--audio-weight", "nan"], "--audio-weight"),
+                           (["--audio-weight", "-1"], "--audio-weight must be 0 or more")):
+        assert kame(["train", "--recipe", str(mine), "--out", str(tmp_path / "bad"), *flags]) == 2
+        assert message in capsys.readouterr().err, flags
+    # a resumed run must be trained as it was: a changed option is refused, more steps are not
+    assert kame(["train", "--recipe", str(mine), "--out", str(run), "--steps", "5", "--resume", "--augment"]) == 2
+    assert "augment False (now True)" in capsys.readouterr().err
+    assert kame(["train", "--frontend", "tiny", "--from-tokens", "--out", str(run), "--steps", "5", "--resume",
+                 "--device", "cpu", "--batch", "2", "--chunk", "32"]) == 2  # the recipe's options left out
+    assert "audio_weight 0.0 (now 1.0)" in capsys.readouterr().err
+    assert kame(["train", "--recipe", str(mine), "--out", str(run), "--steps", "5", "--resume"]) == 0
+    assert json.loads((run / "train" / "config.json").read_text())["steps"] == 5
+    # token files another stage rewrote are not taken for the recipe's
+    manifest = run / "tokens" / "manifest.json"
+    listed = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps(listed | {"dialogues": listed["dialogues"][1:]}))
+    assert kame(["train", "--recipe", str(mine), "--out", str(run), "--steps", "5"]) == 2
+    assert "no longer holds what the recipe made" in capsys.readouterr().err
 
 
-def test_audio_weight_zero_leaves_the_audio_heads_as_they_were(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--lora-rank", "2"]], ids=["full", "lora"])
+def test_audio_weight_zero_leaves_the_audio_heads_as_they_were(tmp_path, extra):
+    """Frozen, not merely without gradient: weight decay (the large models' default) would still
+    shrink them, and LoRA adapters on them would be trained for nothing."""
     run = tmp_path / "run"
-    assert kame(["train", "--recipe", "tiny-copy", "--out", str(run), "--steps", "5", "--batch", "2"]) == 0
+    assert kame(["train", "--recipe", "tiny-copy", "--out", str(run), "--steps", "5", "--batch", "2", "--lr", "0.05",
+                 *extra]) == 0
+    saved = torch.load(next((run / "train").glob("step-*.pt")), weights_only=False)["weights"]
+    assert saved and not [k for k in saved if ".depformer" in k or ".linears." in k]  # never trained
     trained = load_file(str(run / "checkpoint" / "model.safetensors"))
     base = load_frontend("tiny", "cpu").lm.state_dict()
     depformer = [k for k in base if k.startswith(("depformer", "linears"))]
     assert depformer and all(torch.equal(trained[k], base[k]) for k in depformer)
     assert not torch.equal(trained["transformer.layers.0.self_attn.in_projs.0.weight"],
                            base["transformer.layers.0.self_attn.in_projs.0.weight"])
+    log = [json.loads(line) for line in (run / "train" / "log.jsonl").read_text().splitlines()]
+    assert log[-1]["loss"] == log[-1]["text_loss"] and log[-1]["audio_loss"] > 0  # reported, not trained
+
+
+def test_the_tiny_tokenizer_is_made_again_by_its_script(tmp_path):
+    import runpy
+
+    import sentencepiece as spm
+
+    make = runpy.run_path(str(Path(__file__).resolve().parents[1] / "scripts" / "make_tiny_tokenizer.py"))["make"]
+    made = spm.SentencePieceProcessor(model_file=str(make(tmp_path)))
+    shipped = spm.SentencePieceProcessor(model_file=str(TINY_COPY_DIR / "tokenizer.model"))
+    assert made.vocab_size() == shipped.vocab_size() == 1000
+    assert all(made.id_to_piece(i) == shipped.id_to_piece(i) and made.get_score(i) == shipped.get_score(i)
+               for i in range(1000))  # the bytes differ only in the training paths SentencePiece records
 
 
 # ------------------------------------------------------------------ the oracle echo data

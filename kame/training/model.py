@@ -8,6 +8,7 @@ inference.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -78,11 +79,27 @@ def audio_loss(logits: Logits, target: torch.Tensor) -> torch.Tensor:
 
 def compute_loss(logits: Logits, codes: torch.Tensor, padding_id: int, audio_weight: float = 1.0) -> Loss:
     """Text loss + `audio_weight` x audio loss; `codes` are the model's input codes (the targets,
-    not delayed). With `audio_weight` 0 the audio heads get zero gradients and stay as they were."""
+    not delayed). With `audio_weight` 0 the audio loss is only reported: nothing flows back from it."""
     dep_q = logits.audio.shape[1]
     text = text_loss(logits, codes[:, 0], padding_id)
     audio = audio_loss(logits, codes[:, 1:1 + dep_q])
+    if not audio_weight:
+        return Loss(text, text, audio.detach())
     return Loss(text + audio_weight * audio, text, audio)
+
+
+# the LM's parameters that only the audio loss trains: the depformer, its inputs, the audio heads
+_AUDIO_HEADS = re.compile(r"(^|\.)lm\.(depformer\w*|linears)\.")
+
+
+def freeze_audio_heads(model: nn.Module) -> int:
+    """Freeze the audio-only parameters (LoRA adapters on them too); how many tensors were frozen."""
+    frozen = 0
+    for name, p in model.named_parameters():
+        if _AUDIO_HEADS.search(name):
+            p.requires_grad_(False)
+            frozen += 1
+    return frozen
 
 
 def text_accuracy_counts(logits: Logits, target: torch.Tensor, padding_id: int) -> tuple[int, int]:

@@ -4,13 +4,17 @@ synthetic data source), so that a run can be written down, committed and re-made
     kame train --recipe tiny-copy --out RUN          # a recipe shipped in kame/training/recipes/
     kame train --recipe my-run.toml --out RUN --steps 500   # the command line wins over the file
 
-Keys are `kame train`'s long options with underscores (`lora_rank`, `audio_weight`); `data`
-is relative to the recipe's own folder. A `[synthetic]` table names a generator of RUN/tokens
-(see SYNTHETIC_TASKS) in place of `data`.
+Keys are `kame train`'s options with underscores (`lora_rank`, `audio_weight`, `augment =
+false` for --no-augment; not `out`, `resume` or `from_tokens`, which belong to one command);
+`data` is relative to the recipe's own folder. A `[synthetic]` table names a generator of
+RUN/tokens (see SYNTHETIC_TASKS) in place of `data`: `task`, `dialogues`, `frames` and its own
+`seed` (default: the recipe's).
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
 import tomllib
 from dataclasses import dataclass
@@ -93,38 +97,62 @@ def _check_synthetic(path: Path, table) -> dict:
     for key in ("dialogues", "frames"):
         if key in spec and spec[key] < 2:
             raise KameError(f"recipe {path}: [synthetic] {key} must be at least 2")
+    if spec["task"] == "copy" and "frames" in spec:
+        raise KameError(f"recipe {path}: [synthetic] task copy has no `frames` (its dialogues last as long as "
+                        "their turns)")
     return spec
 
 
 # ---------------------------------------------------------------- the synthetic data stage
 
 
+def _writer(task: str):
+    from kame.training import synthetic
+
+    return {"oracle-echo": synthetic.write_oracle_echo, "copy": synthetic.write_copy_task}[task]
+
+
+def resolved(spec: dict, seed: int) -> dict:
+    """The spec with every size the generator would default filled in, and the seed (the table's
+    own, else the recipe's): what the token files are a function of."""
+    defaults = {name: param.default for name, param in inspect.signature(_writer(spec["task"])).parameters.items()
+                if name in ("dialogues", "frames")}
+    return {"seed": seed, **defaults, **spec}
+
+
+def _names_digest(folder: Path) -> str | None:
+    manifest = folder / "manifest.json"
+    if not manifest.is_file():
+        return None
+    names = json.loads(manifest.read_text()).get("dialogues", [])
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()
+
+
 def synthetic_stage(run_dir: Path, spec: dict, frontend: str, seed: int) -> list[Path]:
-    """RUN/tokens from the recipe's generator, once: a rerun with the same spec skips it, one with
-    another spec is refused (the tokens would no longer be what the recipe says)."""
+    """RUN/tokens from the recipe's generator, once: a rerun with the same spec skips it; another
+    spec, or token files changed since (another stage wrote the manifest), is refused."""
     from kame.frontend.loader import load_frontend
     from kame.training import synthetic
 
-    spec = {"seed": seed, **spec}
+    wanted = {**resolved(spec, seed), "frontend": frontend}
     folder = Path(run_dir) / "tokens"
     marker = folder / "synthetic.json"
     if marker.is_file():
         made = json.loads(marker.read_text())
-        if made == {**spec, "frontend": frontend}:
-            return sorted(folder.glob("*.safetensors"))
-        raise KameError(f"{folder} was made by another synthetic spec ({made}); delete it to remake the tokens")
+        digest = made.pop("dialogues_sha256", None)
+        if made != wanted:
+            raise KameError(f"{folder} was made by another synthetic spec ({made}); delete it to remake the tokens")
+        if digest is None or digest != _names_digest(folder):
+            raise KameError(f"{folder} no longer holds what the recipe made (its manifest changed); "
+                            "delete it to remake the tokens, or train into another --out")
+        return sorted(folder.glob("*.safetensors"))
     if (folder / "manifest.json").is_file():
         raise KameError(f"{folder} already holds token files not made by this recipe; train into another --out")
     base = load_frontend(frontend, "cpu")
     if base.tokenizer is None:
         raise KameError(f"front-end {frontend!r} has no text tokenizer: a synthetic task needs one")
-    shape = synthetic.shape_of(base.lm)
-    sizes = {k: spec[k] for k in ("dialogues", "frames") if k in spec}
-    if spec["task"] == "oracle-echo":
-        paths = synthetic.write_oracle_echo(run_dir, frontend, base.tokenizer, shape, seed=spec["seed"], **sizes)
-    else:
-        if "frames" in sizes:
-            raise KameError("[synthetic] task copy has no `frames`: its dialogues are as long as their turns")
-        paths = synthetic.write_copy_task(run_dir, frontend, base.tokenizer, shape, seed=spec["seed"], **sizes)
-    marker.write_text(json.dumps({**spec, "frontend": frontend}, indent=2) + "\n")
+    sizes = {k: v for k, v in wanted.items() if k in ("dialogues", "frames")}
+    paths = _writer(spec["task"])(run_dir, frontend, base.tokenizer, synthetic.shape_of(base.lm),
+                                  seed=wanted["seed"], **sizes)
+    marker.write_text(json.dumps({**wanted, "dialogues_sha256": _names_digest(folder)}, indent=2) + "\n")
     return paths

@@ -40,7 +40,7 @@ def vocabulary() -> list[str]:
 
 
 def sentences() -> list[str]:
-    """The MT-Bench questions cut into sentences (about 400)."""
+    """The MT-Bench questions cut into sentences (356 of them)."""
     found = []
     for line in QUESTIONS.read_text().splitlines():
         for turn in json.loads(line)["turns"]:
@@ -138,7 +138,7 @@ def write_copy_task(run_dir: Path, frontend: str, tokenizer: TextTokenizer, shap
 
 
 ECHO_INTERRUPT = 0.3  # the share of oracle updates that a newer one replaces before it is read out
-ECHO_MAX_GAP = 15  # frames of padding at most between the end of one update and the next
+ECHO_MAX_GAP = 15  # frames of padding between the end of one update and the next: 0 to ECHO_MAX_GAP - 1
 
 
 def echo_events(rng: random.Random, pieces: list[list[int]], frames: int) -> list[list]:

@@ -8,6 +8,7 @@ loss.png, step-N.pt}; `resume=True` continues from the newest step-N.pt.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -29,7 +30,7 @@ from kame.training import checkpoints
 from kame.training.augment import augmented_stream, stream_of
 from kame.training.checkpoints import RunConfig
 from kame.training.dataset import Chunk, check_frontend, lm_config, load_tokens, sample_chunks, split
-from kame.training.model import OracleLM, add_lora, compute_loss
+from kame.training.model import OracleLM, add_lora, compute_loss, freeze_audio_heads
 
 logger = logging.getLogger(__name__)
 
@@ -119,13 +120,16 @@ def rank_device(device: str, r: Ranks) -> torch.device:
 # ---------------------------------------------------------------- model
 
 
-def build_model(frontend: Frontend, lora_rank: int | None) -> nn.Module:
-    """The trainable module: the base's LM + oracle embedding, LoRA-wrapped when asked."""
+def build_model(frontend: Frontend, lora_rank: int | None, train_audio: bool = True) -> nn.Module:
+    """The trainable module: the base's LM + oracle embedding, LoRA-wrapped when asked; without
+    `train_audio` the depformer and audio heads are frozen (a text-only run leaves them as they are)."""
     frontend.oracle_emb.float()
     model: nn.Module = OracleLM(frontend.lm, frontend.oracle_emb)
     model.train().requires_grad_(True)
     if lora_rank:
         model = add_lora(model, lora_rank)
+    if not train_audio:
+        freeze_audio_heads(model)
     if frontend.device.type == "cuda":  # activations are recomputed in the backward pass
         frontend.lm.transformer.checkpointing = True
     return model
@@ -200,7 +204,7 @@ def train(run_dir: Path, options: TrainOptions) -> Path:
     check_frontend(tokens, lm_config(lm), options.frontend)
     train_set, _ = split(tokens.dialogues)
     config = run_config(options, count_params(frontend))
-    model = build_model(frontend, config.lora_rank)
+    model = build_model(frontend, config.lora_rank, train_audio=config.audio_weight > 0)
     opt = optimizer(model, config)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, config))
     rng = random.Random(config.seed * 1000 + r.rank)
@@ -251,9 +255,11 @@ def _start(run_dir: Path, options: TrainOptions, config: RunConfig, model: nn.Mo
         raise KameError(f"{checkpoints.train_dir(run_dir)} already holds a checkpoint (step {found[0]}): pass "
                         "--resume to continue it, or train into another --out")
     previous = checkpoints.read_config(run_dir)
-    if (previous.frontend, previous.lora_rank) != (config.frontend, config.lora_rank):
-        raise KameError(f"cannot resume: the run was trained with --frontend {previous.frontend} --lora-rank "
-                        f"{previous.lora_rank}, not {config.frontend} / {config.lora_rank}")
+    changed = resume_conflicts(previous, config)
+    if changed:
+        raise KameError("cannot resume: the run was trained with " + ", ".join(
+            f"{key} {was!r} (now {now!r})" for key, was, now in changed)
+            + "; give the same options (or its --recipe) again, or train into another --out")
     if r.main and previous.steps != config.steps:
         checkpoints.write_config(run_dir, config)  # a resumed run may be asked for more steps
     step, path = found
@@ -265,6 +271,14 @@ def _start(run_dir: Path, options: TrainOptions, config: RunConfig, model: nn.Mo
     logger.info("resuming from %s (step %d)", path, step)
     barrier()
     return step
+
+
+def resume_conflicts(previous: RunConfig, config: RunConfig) -> list[tuple[str, object, object]]:
+    """(option, then, now) for every option a resumed run changes, but the number of steps (a run
+    may be asked for more, and its warm-up follows)."""
+    same_length = dataclasses.replace(previous, steps=config.steps, warmup=config.warmup)
+    return [(f.name, getattr(previous, f.name), getattr(config, f.name)) for f in dataclasses.fields(config)
+            if getattr(same_length, f.name) != getattr(config, f.name)]
 
 
 def _save(run_dir: Path, step: int, model: nn.Module, opt, sched, rng: random.Random, r: Ranks) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from kame.errors import KameError
@@ -19,7 +20,7 @@ DEFAULTS = {"chunk": 512, "seed": 0, "oracles": "random", "device": "auto", "aug
 
 
 def register_train(sub: argparse._SubParsersAction) -> None:
-    train = sub.add_parser("train", help="train a KAME front-end on a folder of recorded dialogues")
+    train = sub.add_parser("train", help="train a KAME front-end: recorded dialogues (or a recipe) in, checkpoint out")
     train.add_argument("--recipe", default=None, metavar="NAME|FILE",
                        help="a TOML file of these options (or a shipped recipe: tiny-copy); the command line wins")
     train.add_argument("--data", default=None, help="folder of dialogue WAVs (user left, assistant right)")
@@ -38,8 +39,8 @@ def register_train(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--asr-model", default=None, help="the ASR that times the words of untranscribed dialogues")
     train.add_argument("--lora-rank", type=int, default=None, metavar="R",
                        help="LoRA adapters of rank R instead of a full fine-tune")
-    train.add_argument("--no-augment", dest="augment", action="store_const", const=False, default=None,
-                       help="feed each dialogue's oracle as recorded (no jitter, no dropped events)")
+    train.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
+                       help="jitter and thin each example's oracle (default); --no-augment feeds it as recorded")
     train.add_argument("--audio-weight", type=float, default=None, metavar="W",
                        help="the audio loss's weight against the text loss (default 1; 0: text only)")
     train.add_argument("--device", default=None, help="auto, cpu, cuda (default auto)")
@@ -84,12 +85,13 @@ def _check_args(args: argparse.Namespace, synthetic: dict | None) -> None:
         raise KameError(f"--data {args.data}: no such folder")
     if args.oracles == "llm" and not args.llm:
         raise KameError("--oracles llm needs --llm PROFILE (the backend that writes the oracles)")
-    if args.lora_rank is not None and args.lora_rank < 1:
-        raise KameError("--lora-rank must be at least 1")
-    if args.steps is not None and args.steps < 1:
-        raise KameError("--steps must be at least 1")
-    if args.audio_weight < 0:
-        raise KameError("--audio-weight must be 0 or more")
+    for name in ("lora_rank", "steps", "chunk", "batch", "checkpoint_every"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise KameError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
+        raise KameError(f"--lr must be a positive number, not {args.lr}")
+    if not (math.isfinite(args.audio_weight) and args.audio_weight >= 0):
+        raise KameError(f"--audio-weight must be 0 or more, not {args.audio_weight}")
 
 
 def data_stages(args: argparse.Namespace, run: Path) -> None:
