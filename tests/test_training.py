@@ -237,11 +237,11 @@ def test_lora_run_exports_merged_plain_weights(tmp_path, small_tokens, tiny):
     assert all("lora_" in k or k.endswith("oracle_emb.weight") for k in saved)  # adapters + oracle only
 
 
-def test_torchrun_two_processes_give_the_same_checkpoint_format(tmp_path, small_tokens, tiny):
-    run = fresh_run(tmp_path, small_tokens)
+def torchrun(run: Path, *flags: str) -> subprocess.CompletedProcess:
+    """`kame train --from-tokens` on `run` in two gloo processes under torchrun."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                "-m", "kame.cli", "train", "--from-tokens", "--frontend", "tiny", "--out", str(run), "--device", "cpu",
-               "--steps", "4", "--batch", "2"]
+               "--batch", "2", *flags]
     # its own process group, so that a timeout ends the workers too, not only the launcher
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env={**env(), "OMP_NUM_THREADS": "1"}, start_new_session=True) as launcher:
@@ -250,10 +250,55 @@ def test_torchrun_two_processes_give_the_same_checkpoint_format(tmp_path, small_
         except subprocess.TimeoutExpired:
             os.killpg(launcher.pid, signal.SIGKILL)
             raise
-    assert launcher.returncode == 0, output[-3000:]
+    return subprocess.CompletedProcess(command, launcher.returncode, output, "")
+
+
+def test_torchrun_two_processes_give_the_same_checkpoint_format(tmp_path, small_tokens, tiny):
+    run = fresh_run(tmp_path, small_tokens)
+    done = torchrun(run, "--steps", "4")
+    assert done.returncode == 0, done.stdout[-3000:]
     assert checkpoint_keys(run) == set(tiny.lm.state_dict()) | {"oracle_emb.weight"}
     assert [json.loads(line)["step"] for line in (run / "train" / "log.jsonl").read_text().splitlines()] == [4]
     load_frontend(str(run / "checkpoint"), "cpu")
+
+
+@pytest.mark.slow
+def test_fsdp_trains_what_ddp_trains_and_resumes_sharded(tmp_path, small_tokens, tiny, capsys):
+    """Two gloo processes, same seeds, so the same windows: FSDP's sharded weights, gradients and
+    optimizer state must reach DDP's weights (up to float summation order)."""
+    ddp, fsdp = fresh_run(tmp_path / "ddp", small_tokens), fresh_run(tmp_path / "fsdp", small_tokens)
+    for run, flags in ((ddp, ()), (fsdp, ("--fsdp",))):
+        done = torchrun(run, "--steps", "4", "--checkpoint-every", "2", *flags)
+        assert done.returncode == 0, done.stdout[-3000:]
+    # the feed-forward blocks of 2 main layers and of the depformer's 4 steps, then the root
+    assert "FSDP: 7 groups sharded over 2 processes" in done.stdout
+    a = torch.load(ddp / "train" / "step-000004.pt", weights_only=False)
+    b = torch.load(fsdp / "train" / "step-000004.pt", weights_only=False)
+    assert b["optimizer_format"] == "fsdp-full" and a["optimizer_format"] == "plain"
+    base = {f"lm.{k}": v for k, v in tiny.lm.named_parameters()}
+    assert set(a["weights"]) == set(b["weights"]) == set(base) | {"oracle_emb.weight"}
+    moved = max(float((a["weights"][k] - base[k]).abs().max()) for k in base)
+    gap = max(float((a["weights"][k] - b["weights"][k]).abs().max()) for k in a["weights"])
+    assert moved > 1e-3 and gap < 0.05 * moved, (moved, gap)  # measured: moved 9.3e-3, gap 2.1e-5
+    load_frontend(str(fsdp / "checkpoint"), "cpu")
+    # resumed sharded from step 2: the optimizer state goes back into the shards, and it ends where
+    # the uninterrupted run did
+    (fsdp / "train" / "step-000004.pt").unlink()
+    done = torchrun(fsdp, "--steps", "4", "--checkpoint-every", "2", "--fsdp", "--resume")
+    assert done.returncode == 0, done.stdout[-3000:]
+    c = torch.load(fsdp / "train" / "step-000004.pt", weights_only=False)
+    assert max(float((b["weights"][k] - c["weights"][k]).abs().max()) for k in b["weights"]) < 1e-5
+    # an unsharded process cannot take over a sharded run's optimizer state
+    assert kame(["train", "--from-tokens", "--frontend", "tiny", "--out", str(fsdp), "--device", "cpu", "--batch",
+                 "2", "--steps", "6", "--fsdp", "--resume"]) == 2
+    assert "saved by a sharded run" in capsys.readouterr().err
+    # LoRA under FSDP: frozen base and adapters in the same groups; only adapters + oracle saved
+    lora = fresh_run(tmp_path / "lora", small_tokens)
+    done = torchrun(lora, "--steps", "2", "--fsdp", "--lora-rank", "2")
+    assert done.returncode == 0, done.stdout[-3000:]
+    saved = torch.load(next((lora / "train").glob("step-*.pt")), weights_only=False)["weights"]
+    assert any("lora_A" in k for k in saved) and all("lora_" in k or k.endswith("oracle_emb.weight") for k in saved)
+    load_frontend(str(lora / "checkpoint"), "cpu")
 
 
 def test_a_directory_base_passes_on_its_own_mimi_and_tokenizer(tmp_path, tiny_copy):

@@ -37,6 +37,7 @@ class RunConfig:
     seed: int
     augment: bool = True  # jitter and drop oracle events (kame.training.augment)
     audio_weight: float = 1.0  # the audio loss's share of the total
+    fsdp: bool = False  # sharded over torchrun's processes (kame.training.sharding)
 
 
 def train_dir(run_dir: Path) -> Path:
@@ -73,11 +74,12 @@ def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach().cpu().clone() for name, p in model.named_parameters() if p.requires_grad}
 
 
-def save(run_dir: Path, step: int, model: nn.Module, extra: dict) -> Path:
-    """Write step-N.pt atomically (a crash never leaves a half file) and drop the older ones."""
+def save(run_dir: Path, step: int, weights: dict[str, torch.Tensor], extra: dict) -> Path:
+    """Write step-N.pt (the trained `weights`, see `trainable_state`, and `extra`) atomically (a
+    crash never leaves a half file) and drop the older ones."""
     path = train_dir(run_dir) / f"step-{step:06d}.pt"
     tmp = path.with_suffix(".tmp")
-    torch.save({"step": step, "weights": trainable_state(model), **extra}, tmp)
+    torch.save({"step": step, "weights": weights, **extra}, tmp)
     tmp.replace(path)
     for _, old in checkpoints(run_dir)[:-KEEP]:
         old.unlink()

@@ -28,7 +28,7 @@ RECIPES_DIR = Path(__file__).parent / "recipes"
 OPTION_TYPES: dict[str, tuple[type, ...]] = {
     "frontend": (str,), "data": (str,), "steps": (int,), "chunk": (int,), "batch": (int,), "lr": (float, int),
     "seed": (int,), "checkpoint_every": (int,), "oracles": (str,), "llm": (str,), "asr_model": (str,),
-    "lora_rank": (int,), "device": (str,), "augment": (bool,), "audio_weight": (float, int),
+    "lora_rank": (int,), "device": (str,), "augment": (bool,), "audio_weight": (float, int), "fsdp": (bool,),
 }
 SYNTHETIC_TASKS = ("oracle-echo", "copy")
 ORACLE_STRATEGIES = ("random", "llm")  # kame.training.oracles.STRATEGIES, without importing the data stages

@@ -31,10 +31,12 @@ from kame.training.augment import augmented_stream, stream_of
 from kame.training.checkpoints import RunConfig
 from kame.training.dataset import Chunk, check_frontend, lm_config, load_tokens, sample_chunks, split
 from kame.training.model import OracleLM, add_lora, compute_loss, freeze_audio_heads
+from kame.training.sharding import OPTIMIZER_FORMAT, full_state, load_state
 
 logger = logging.getLogger(__name__)
 
 SMALL_MODEL_PARAMS = 50_000_000  # below this, the CPU-sized defaults apply
+PLAIN_FORMAT = "plain"  # checkpoint["optimizer_format"] of an unsharded run: torch's own optimizer state
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class TrainOptions:
     resume: bool = False
     augment: bool = True  # False: every example sees its dialogue's oracle events as recorded
     audio_weight: float = 1.0  # 0: text loss only (the audio heads are not trained)
+    fsdp: bool = False  # under torchrun: shard weights, gradients and optimizer state (kame.training.sharding)
 
 
 def size_defaults(params: int) -> dict:
@@ -70,7 +73,7 @@ def run_config(options: TrainOptions, params: int) -> RunConfig:
         frontend=options.frontend, lora_rank=options.lora_rank, steps=steps, chunk=options.chunk,
         batch=options.batch or d["batch"], lr=options.lr or d["lr"], weight_decay=d["weight_decay"],
         betas=(0.9, 0.95), warmup=max(1, steps // 20), seed=options.seed, augment=options.augment,
-        audio_weight=options.audio_weight,
+        audio_weight=options.audio_weight, fsdp=options.fsdp,
     )
 
 
@@ -205,14 +208,23 @@ def train(run_dir: Path, options: TrainOptions) -> Path:
     train_set, _ = split(tokens.dialogues)
     config = run_config(options, count_params(frontend))
     model = build_model(frontend, config.lora_rank, train_audio=config.audio_weight > 0)
-    opt = optimizer(model, config)
+    sharded = config.fsdp and r.world > 1
+    if config.fsdp and not sharded:
+        logger.warning("--fsdp with a single process: nothing to shard, training unsharded (start it with torchrun)")
+    if sharded:
+        from kame.training.sharding import shard
+
+        groups = shard(model, device)
+        if r.main:
+            logger.info("FSDP: %d groups sharded over %d processes", groups, r.world)
+    opt = optimizer(model, config)  # after sharding: it must hold the sharded parameters
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, config))
     rng = random.Random(config.seed * 1000 + r.rank)
-    step = _start(run_dir, options, config, model, opt, sched, rng, r)
+    step = _start(run_dir, options, config, model, opt, sched, rng, r, sharded)
     if step >= config.steps:
         logger.info("training already reached step %d of %d", step, config.steps)
         return _final_checkpoint(run_dir)
-    wrapped = _ddp(model, device, r)
+    wrapped = model if sharded else _ddp(model, device, r)
     log = _Log(run_dir, r.main, tokens_per_frame=1 + lm.n_q)
     every = options.checkpoint_every or max(1, config.steps // 4)
     bar = _progress(config.steps, step, r.main)
@@ -233,14 +245,14 @@ def train(run_dir: Path, options: TrainOptions) -> Path:
             bar.set_postfix(log.flush())
         bar.update(1)
         if step % every == 0 or step == config.steps:
-            _save(run_dir, step, model, opt, sched, rng, r)
+            _save(run_dir, step, model, opt, sched, rng, r, sharded)
     bar.close()
     log.plot()
     return _final_checkpoint(run_dir)
 
 
 def _start(run_dir: Path, options: TrainOptions, config: RunConfig, model: nn.Module, opt, sched,
-           rng: random.Random, r: Ranks) -> int:
+           rng: random.Random, r: Ranks, sharded: bool) -> int:
     """The step to start from: 0 for a new run, the newest checkpoint's with `resume` (or when the
     same run is asked for again after it finished)."""
     found = checkpoints.latest(run_dir)
@@ -264,8 +276,16 @@ def _start(run_dir: Path, options: TrainOptions, config: RunConfig, model: nn.Mo
         checkpoints.write_config(run_dir, config)  # a resumed run may be asked for more steps
     step, path = found
     state = checkpoints.load(path)
-    checkpoints.restore_weights(model, state["weights"], path)
-    opt.load_state_dict(state["optimizer"])
+    saved_format = state.get("optimizer_format", PLAIN_FORMAT)
+    if saved_format != (OPTIMIZER_FORMAT if sharded else PLAIN_FORMAT):
+        was = "a sharded" if saved_format != PLAIN_FORMAT else "an unsharded"
+        raise KameError(f"cannot resume {path}: it was saved by {was} run; resume it the same way (--fsdp under "
+                        "torchrun with more than one process, or neither)")
+    if sharded:
+        load_state(model, opt, state["weights"], state["optimizer"])
+    else:
+        checkpoints.restore_weights(model, state["weights"], path)
+        opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
     rng.setstate(state["rng"][r.rank % len(state["rng"])])
     logger.info("resuming from %s (step %d)", path, step)
@@ -281,15 +301,20 @@ def resume_conflicts(previous: RunConfig, config: RunConfig) -> list[tuple[str, 
             if getattr(same_length, f.name) != getattr(config, f.name)]
 
 
-def _save(run_dir: Path, step: int, model: nn.Module, opt, sched, rng: random.Random, r: Ranks) -> None:
+def _save(run_dir: Path, step: int, model: nn.Module, opt, sched, rng: random.Random, r: Ranks,
+          sharded: bool) -> None:
+    if sharded:  # every rank takes part in gathering the shards
+        weights, optim = full_state(model, opt)
+    else:
+        weights, optim = (checkpoints.trainable_state(model), opt.state_dict()) if r.main else ({}, {})
     states = [None] * r.world
     if r.world > 1:
         torch.distributed.all_gather_object(states, rng.getstate())
     else:
         states = [rng.getstate()]
     if r.main:
-        checkpoints.save(run_dir, step, model, {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                                                "rng": states})
+        checkpoints.save(run_dir, step, weights, {"optimizer": optim, "scheduler": sched.state_dict(), "rng": states,
+                                                  "optimizer_format": OPTIMIZER_FORMAT if sharded else PLAIN_FORMAT})
     barrier()
 
 

@@ -16,7 +16,8 @@ from kame.errors import KameError
 from kame.training.recipe import ORACLE_STRATEGIES
 
 # what an option is when neither the command line nor a recipe gives it
-DEFAULTS = {"chunk": 512, "seed": 0, "oracles": "random", "device": "auto", "augment": True, "audio_weight": 1.0}
+DEFAULTS = {"chunk": 512, "seed": 0, "oracles": "random", "device": "auto", "augment": True, "audio_weight": 1.0,
+            "fsdp": False}
 
 
 def register_train(sub: argparse._SubParsersAction) -> None:
@@ -43,6 +44,9 @@ def register_train(sub: argparse._SubParsersAction) -> None:
                        help="jitter and thin each example's oracle (default); --no-augment feeds it as recorded")
     train.add_argument("--audio-weight", type=float, default=None, metavar="W",
                        help="the audio loss's weight against the text loss (default 1; 0: text only)")
+    train.add_argument("--fsdp", action=argparse.BooleanOptionalAction, default=None,
+                       help="under torchrun: shard weights, gradients and optimizer state across the processes "
+                            "(FSDP2), for full fine-tunes too big for one GPU (default: DDP, a copy per process)")
     train.add_argument("--device", default=None, help="auto, cpu, cuda (default auto)")
     train.add_argument("--resume", action="store_true", help="continue the training from RUN/train's newest checkpoint")
     train.add_argument("--from-tokens", action="store_true", help="start from RUN/tokens (skip the data stages)")
@@ -137,7 +141,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     options = TrainOptions(frontend=args.frontend, steps=args.steps, chunk=args.chunk, batch=args.batch, lr=args.lr,
                            lora_rank=args.lora_rank, device=args.device, seed=args.seed, resume=args.resume,
                            checkpoint_every=args.checkpoint_every, augment=args.augment,
-                           audio_weight=args.audio_weight)
+                           audio_weight=args.audio_weight, fsdp=args.fsdp)
     train(run, options)
     if r.main:
         _finish(run, args.device)
