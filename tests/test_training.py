@@ -292,6 +292,8 @@ def test_fsdp_trains_what_ddp_trains_and_resumes_sharded(tmp_path, small_tokens,
     assert kame(["train", "--from-tokens", "--frontend", "tiny", "--out", str(fsdp), "--device", "cpu", "--batch",
                  "2", "--steps", "6", "--fsdp", "--resume"]) == 2
     assert "saved by a sharded run" in capsys.readouterr().err
+    config = json.loads((fsdp / "train" / "config.json").read_text())
+    assert config["steps"] == 4 and config["fsdp"] is True  # a refused resume changes nothing
     # LoRA under FSDP: frozen base and adapters in the same groups; only adapters + oracle saved
     lora = fresh_run(tmp_path / "lora", small_tokens)
     done = torchrun(lora, "--steps", "2", "--fsdp", "--lora-rank", "2")

@@ -10,7 +10,7 @@ bf16 and gradients are reduced in float32.
 
 Checkpoints hold full tensors under the usual names (gathered to rank 0), so eval, export and the
 loader read them like any other; the optimizer state is the distributed-checkpoint full form, so a
-sharded run resumes sharded (any number of processes), and an unsharded one unsharded.
+sharded run resumes sharded (on two or more processes, any number), an unsharded one unsharded.
 """
 
 from __future__ import annotations
@@ -25,14 +25,17 @@ def shard(model: nn.Module, device: torch.device) -> int:
     """Shard `model` in place (its parameters become DTensors); how many groups were made. Call
     before the optimizer is built: it must hold the sharded parameters."""
     from moshi.modules.gating import ActivationGating
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    # the mesh on the training device: FSDP2's default is the accelerator, even for a --device cpu run
+    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if device.type == "cuda" else MixedPrecisionPolicy())
     groups = [m for m in model.modules() if isinstance(m, ActivationGating)]
     for module in groups:
-        fully_shard(module, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+        fully_shard(module, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return len(groups) + 1
 
 
@@ -48,7 +51,8 @@ def full_state(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict[str, 
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     trained = {name for name, p in model.named_parameters() if p.requires_grad}
-    weights = get_model_state_dict(model, options=_options(cpu_offload=True))
+    # frozen weights (a LoRA base: 15 GB on 7B) are not gathered at all
+    weights = get_model_state_dict(model, options=_options(cpu_offload=True, ignore_frozen_params=True))
     optim = get_optimizer_state_dict(model, opt, options=_options(cpu_offload=True))
     return {k: v for k, v in weights.items() if k in trained}, optim
 

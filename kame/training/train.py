@@ -206,11 +206,11 @@ def train(run_dir: Path, options: TrainOptions) -> Path:
     lm = frontend.lm
     check_frontend(tokens, lm_config(lm), options.frontend)
     train_set, _ = split(tokens.dialogues)
-    config = run_config(options, count_params(frontend))
-    model = build_model(frontend, config.lora_rank, train_audio=config.audio_weight > 0)
-    sharded = config.fsdp and r.world > 1
-    if config.fsdp and not sharded:
+    sharded = options.fsdp and r.world > 1
+    if options.fsdp and not sharded:
         logger.warning("--fsdp with a single process: nothing to shard, training unsharded (start it with torchrun)")
+    config = dataclasses.replace(run_config(options, count_params(frontend)), fsdp=sharded)  # what the run is
+    model = build_model(frontend, config.lora_rank, train_audio=config.audio_weight > 0)
     if sharded:
         from kame.training.sharding import shard
 
@@ -272,8 +272,6 @@ def _start(run_dir: Path, options: TrainOptions, config: RunConfig, model: nn.Mo
         raise KameError("cannot resume: the run was trained with " + ", ".join(
             f"{key} {was!r} (now {now!r})" for key, was, now in changed)
             + "; give the same options (or its --recipe) again, or train into another --out")
-    if r.main and previous.steps != config.steps:
-        checkpoints.write_config(run_dir, config)  # a resumed run may be asked for more steps
     step, path = found
     state = checkpoints.load(path)
     saved_format = state.get("optimizer_format", PLAIN_FORMAT)
@@ -288,15 +286,18 @@ def _start(run_dir: Path, options: TrainOptions, config: RunConfig, model: nn.Mo
         opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
     rng.setstate(state["rng"][r.rank % len(state["rng"])])
+    barrier()  # every rank has read the old config and restored its state
+    if r.main and previous.steps != config.steps:
+        checkpoints.write_config(run_dir, config)  # a resumed run may be asked for more steps
     logger.info("resuming from %s (step %d)", path, step)
-    barrier()
     return step
 
 
 def resume_conflicts(previous: RunConfig, config: RunConfig) -> list[tuple[str, object, object]]:
     """(option, then, now) for every option a resumed run changes, but the number of steps (a run
-    may be asked for more, and its warm-up follows)."""
-    same_length = dataclasses.replace(previous, steps=config.steps, warmup=config.warmup)
+    may be asked for more, and its warm-up follows) and sharding (the checkpoint's optimizer
+    format decides whether the process count and --fsdp can take it over)."""
+    same_length = dataclasses.replace(previous, steps=config.steps, warmup=config.warmup, fsdp=config.fsdp)
     return [(f.name, getattr(previous, f.name), getattr(config, f.name)) for f in dataclasses.fields(config)
             if getattr(same_length, f.name) != getattr(config, f.name)]
 
