@@ -61,6 +61,11 @@ class Shape:
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
+    @property
+    def code_dtype(self) -> torch.dtype:
+        """The audio codes' dtype in a token file."""
+        return torch.int16 if self.card < 2**15 else torch.int32
+
 
 SILENCE_CODE = 0  # the audio code of a channel while its speaker is silent
 ANSWER_LAG = 3  # frames between the end of the user's turn and the assistant's first word
@@ -91,28 +96,40 @@ def _voice(codebooks: int, card: int, seed: int, frames: int = 64) -> torch.Tens
     return torch.randint(1, card, (codebooks, frames), generator=generator, dtype=torch.int32)
 
 
-def _audio(voice: torch.Tensor, frames: int, spans: list[tuple[int, int]], card: int) -> torch.Tensor:
+def _audio(voice: torch.Tensor, frames: int, spans: list[tuple[int, int]], dtype: torch.dtype) -> torch.Tensor:
     """The voice's codes while the speaker talks, SILENCE_CODE otherwise."""
     codes = torch.full((voice.shape[0], frames), SILENCE_CODE, dtype=torch.int32)
     for start, end in spans:
         codes[:, start:end] = voice[:, : end - start]
-    return codes.to(torch.int16 if card < 2**15 else torch.int32)
+    return codes.to(dtype)
+
+
+def _random_codes(shape: Shape, frames: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Uniformly random codes on both sides (the user's drawn first)."""
+    return {side: torch.randint(0, shape.card, (count, frames), generator=generator).to(shape.code_dtype)
+            for side, count in (("user_codes", shape.n_q - shape.dep_q), ("assistant_codes", shape.dep_q))}
+
+
+def _write(run_dir: Path, shape: Shape, name: str, tensors: dict[str, torch.Tensor], events: list[list]) -> str:
+    """RUN/tokens/NAME.safetensors of these tensors and `[frame, tokens, last_of_turn]` events; its name."""
+    meta = {"name": name, "frames": int(tensors["text"].shape[0]), "oracle_events": events,
+            "frontend": shape.as_dict()}
+    write_token_file(Path(run_dir) / "tokens" / f"{name}.safetensors", tensors, meta)
+    return name
 
 
 def dialogue_tensors(rng: random.Random, tokenizer: TextTokenizer, shape: Shape,
-                     answers: list[list[str]], name: str) -> tuple[dict, dict]:
-    """(tensors, metadata) of one copy-task dialogue."""
+                     answers: list[list[str]]) -> tuple[dict, list[list]]:
+    """(tensors, oracle events) of one copy-task dialogue."""
     tokens = [tokenize_words(tokenizer, " ".join(words)) for words in answers]
     users, assistants, events, frames = _turns(rng, tokens)
     spoken = [(start, t) for (start, _), t in zip(assistants, tokens, strict=True)]
     tensors = {
-        "user_codes": _audio(_voice(shape.n_q - shape.dep_q, shape.card, 1), frames, users, shape.card),
-        "assistant_codes": _audio(_voice(shape.dep_q, shape.card, 2), frames, assistants, shape.card),
+        "user_codes": _audio(_voice(shape.n_q - shape.dep_q, shape.card, 1), frames, users, shape.code_dtype),
+        "assistant_codes": _audio(_voice(shape.dep_q, shape.card, 2), frames, assistants, shape.code_dtype),
         "text": torch.tensor(place_tokens(spoken, frames, shape.padding_id)[0], dtype=torch.int32),
     }
-    oracle_events = [[frame, t, True] for (frame, _), t in zip(events, tokens, strict=True)]
-    meta = {"name": name, "frames": frames, "oracle_events": oracle_events, "frontend": shape.as_dict()}
-    return tensors, meta
+    return tensors, [[frame, t, True] for (frame, _), t in zip(events, tokens, strict=True)]
 
 
 def write_copy_task(run_dir: Path, frontend: str, tokenizer: TextTokenizer, shape: Shape, *, dialogues: int = 20,
@@ -120,7 +137,6 @@ def write_copy_task(run_dir: Path, frontend: str, tokenizer: TextTokenizer, shap
     """RUN/tokens/NAME.safetensors for `dialogues` copy-task dialogues, and the manifest. The words
     are those of at most `max_pieces` tokens; a word is used again only once all have been used."""
     rng = random.Random(seed)
-    folder = Path(run_dir) / "tokens"
     words = [w for w in vocabulary() if len(tokenize_words(tokenizer, w)) <= max_pieces]
     pool: list[str] = []
     names = []
@@ -130,10 +146,7 @@ def write_copy_task(run_dir: Path, frontend: str, tokenizer: TextTokenizer, shap
             if len(pool) < words_per_turn:
                 pool = rng.sample(words, k=len(words))
             answers.append([pool.pop() for _ in range(words_per_turn)])
-        name = f"dialogue_{index:03d}"
-        tensors, meta = dialogue_tensors(rng, tokenizer, shape, answers, name)
-        write_token_file(folder / f"{name}.safetensors", tensors, meta)
-        names.append(name)
+        names.append(_write(run_dir, shape, f"dialogue_{index:03d}", *dialogue_tensors(rng, tokenizer, shape, answers)))
     return _manifest(run_dir, frontend, shape, names)
 
 
@@ -166,23 +179,12 @@ def write_oracle_echo(run_dir: Path, frontend: str, tokenizer: TextTokenizer, sh
     generator = torch.Generator().manual_seed(seed)
     pieces = [p for p in (tokenize_words(tokenizer, s) for s in sentences()) if p]
     start, pad = shape.text_card, shape.padding_id
-    dtype = torch.int16 if shape.card < 2**15 else torch.int32
-    folder = Path(run_dir) / "tokens"
     names = []
     for index in range(dialogues):
         events = echo_events(rng, pieces, frames)
         stream = torch.tensor(oracle_stream([(f, t) for f, t, _ in events], frames, start, pad), dtype=torch.int32)
-        tensors = {
-            "user_codes": torch.randint(0, shape.card, (shape.n_q - shape.dep_q, frames), generator=generator),
-            "assistant_codes": torch.randint(0, shape.card, (shape.dep_q, frames), generator=generator),
-            "text": torch.where(stream == start, pad, stream),
-        }
-        tensors["user_codes"], tensors["assistant_codes"] = (tensors["user_codes"].to(dtype),
-                                                             tensors["assistant_codes"].to(dtype))
-        name = f"echo_{index:05d}"
-        meta = {"name": name, "frames": frames, "oracle_events": events, "frontend": shape.as_dict()}
-        write_token_file(folder / f"{name}.safetensors", tensors, meta)
-        names.append(name)
+        tensors = {**_random_codes(shape, frames, generator), "text": torch.where(stream == start, pad, stream)}
+        names.append(_write(run_dir, shape, f"echo_{index:05d}", tensors, events))
     return _manifest(run_dir, frontend, shape, names)
 
 
@@ -195,21 +197,14 @@ def write_random_tokens(run_dir: Path, frontend: str, shape: Shape, *, dialogues
     """Token files of random codes and text (a word token every few frames, an oracle every 5 s):
     for measuring training speed and memory, where what is learnt does not matter."""
     generator = torch.Generator().manual_seed(seed)
-    folder = Path(run_dir) / "tokens"
-    dtype = torch.int16 if shape.card < 2**15 else torch.int32
     names = []
     for index in range(dialogues):
         text = torch.randint(0, shape.text_card, (frames,), generator=generator, dtype=torch.int32)
         text[torch.rand(frames, generator=generator) < 0.7] = shape.padding_id
-        user = torch.randint(0, shape.card, (shape.n_q - shape.dep_q, frames), generator=generator)
-        assistant = torch.randint(0, shape.card, (shape.dep_q, frames), generator=generator)
-        tensors = {"user_codes": user.to(dtype), "assistant_codes": assistant.to(dtype), "text": text}
+        tensors = {**_random_codes(shape, frames, generator), "text": text}
         events = [[frame, torch.randint(0, shape.text_card, (20,), generator=generator).tolist(), True]
                   for frame in range(0, frames, 62)]
-        name = f"random_{index:03d}"
-        meta = {"name": name, "frames": frames, "oracle_events": events, "frontend": shape.as_dict()}
-        write_token_file(folder / f"{name}.safetensors", tensors, meta)
-        names.append(name)
+        names.append(_write(run_dir, shape, f"random_{index:03d}", tensors, events))
     return _manifest(run_dir, frontend, shape, names)
 
 
