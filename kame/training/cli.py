@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from kame.errors import KameError
+from kame.training.runfiles import ORACLE_STRATEGIES
 
 CUSTOM_PROFILE = "custom"
 
@@ -25,7 +26,7 @@ def register_data(sub: argparse._SubParsersAction) -> None:
 
     oracles = stages.add_parser("oracles", help="RUN/prepared -> RUN/oracles/*.json (simulated oracle events)")
     _add_run(oracles)
-    oracles.add_argument("--strategy", default=None, choices=["random", "llm"],
+    oracles.add_argument("--strategy", default=None, choices=ORACLE_STRATEGIES,
                          help="random: other turns' replies, the true one last; llm: an LLM with growing hints "
                               "(default: llm when --llm is given, else random)")
     oracles.add_argument("--llm", default=None, metavar="PROFILE",

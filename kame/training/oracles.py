@@ -19,11 +19,19 @@ from tqdm import tqdm
 
 from kame.backend.llm import ChatMessage, LLMClient, LLMError
 from kame.backend.profiles import DEFAULT_PROFILES, BackendProfile
-from kame.training.runfiles import DataError, digest, frame_of, prepared_files, read_json, stored_hash, write_json
+from kame.training.runfiles import (
+    ORACLE_STRATEGIES,
+    DataError,
+    digest,
+    frame_of,
+    prepared_files,
+    read_json,
+    stored_hash,
+    write_json,
+)
 
 logger = logging.getLogger(__name__)
 
-STRATEGIES = ("random", "llm")
 INTERVAL_S = 0.5  # one event per this much of the user's turn
 RETRIES = 4  # attempts per LLM request
 BACKOFF_S = 0.5  # first retry delay; doubles each time (or the server's Retry-After)
@@ -212,8 +220,8 @@ def simulate(run_dir: Path, *, strategy: str = "random", llm: str | None = None,
     """Stage 2: `RUN/prepared/*.json` into `RUN/oracles/*.json`; dialogues already simulated with the
     same inputs are skipped. `llm` names a backend profile (of `profiles`, default the built-in ones)."""
     run_dir = Path(run_dir)
-    if strategy not in STRATEGIES:
-        raise DataError(f"oracle strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
+    if strategy not in ORACLE_STRATEGIES:
+        raise DataError(f"oracle strategy must be one of {', '.join(ORACLE_STRATEGIES)}, not {strategy!r}")
     prepared = {path.stem: _read_prepared(path) for path in prepared_files(run_dir)}
     out = {name: run_dir / "oracles" / f"{name}.json" for name in prepared}
     if strategy == "random":

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kame.errors import KameError
+from kame.training.runfiles import ORACLE_STRATEGIES
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
@@ -31,7 +32,6 @@ OPTION_TYPES: dict[str, tuple[type, ...]] = {
     "lora_rank": (int,), "device": (str,), "augment": (bool,), "audio_weight": (float, int), "fsdp": (bool,),
 }
 SYNTHETIC_TASKS = ("oracle-echo", "copy")
-ORACLE_STRATEGIES = ("random", "llm")  # kame.training.oracles.STRATEGIES, without importing the data stages
 SYNTHETIC_KEYS = {"task": (str,), "dialogues": (int,), "frames": (int,), "seed": (int,)}
 
 

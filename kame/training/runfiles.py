@@ -10,6 +10,7 @@ from pathlib import Path
 from kame.errors import KameError
 
 FRAME_RATE = 12.5  # Mimi frames (and oracle tokens) per second
+ORACLE_STRATEGIES = ("random", "llm")  # how the oracles stage simulates events (kame.training.oracles)
 
 
 class DataError(KameError):

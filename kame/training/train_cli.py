@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 from kame.errors import KameError
-from kame.training.recipe import ORACLE_STRATEGIES
+from kame.training.runfiles import ORACLE_STRATEGIES
 
 # what an option is when neither the command line nor a recipe gives it
 DEFAULTS = {"chunk": 512, "seed": 0, "oracles": "random", "device": "auto", "augment": True, "audio_weight": 1.0,
