@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from kame.errors import KameError
+from kame.training.runfiles import write_json
 
 KEEP = 2  # checkpoints kept on disk: the newest ones
 _NAME = re.compile(r"step-(\d+)\.pt$")
@@ -46,11 +47,7 @@ def train_dir(run_dir: Path) -> Path:
 
 def write_config(run_dir: Path, config: RunConfig) -> None:
     """RUN/train/config.json, replaced atomically (another rank may be reading it)."""
-    train_dir(run_dir).mkdir(parents=True, exist_ok=True)
-    path = train_dir(run_dir) / "config.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(config), indent=2) + "\n")
-    tmp.replace(path)
+    write_json(train_dir(run_dir) / "config.json", asdict(config))
 
 
 def read_config(run_dir: Path) -> RunConfig:

@@ -37,10 +37,6 @@ class _Dialogue:
     out: Path
 
 
-def frontend_config(frontend: Frontend) -> dict:
-    return lm_config(frontend.lm)
-
-
 def place_tokens(words: list[tuple[int, list[int]]], frames: int, padding_id: int) -> tuple[list[int], list[int]]:
     """The text stream of `(start frame, tokens)` words, in start order: each word's tokens one per
     frame from its start frame on (or right after the previous word's tokens, if those still run),
@@ -135,7 +131,7 @@ def token_file(frontend: Frontend, dialogue: _Dialogue, codes: torch.Tensor) -> 
     """Write one dialogue's token file from its Mimi codes [2 channels, K, T]."""
     lm, tokenizer = frontend.lm, frontend.tokenizer
     frames = codes.shape[-1]
-    config = frontend_config(frontend)
+    config = lm_config(lm)
     text = text_stream(dialogue.prepared["words"], frames, tokenizer, lm.text_padding_token_id)
     meta = {"name": dialogue.name, "frames": frames,
             "oracle_events": oracle_events(dialogue.oracles["events"], tokenizer), "frontend": config}
@@ -163,7 +159,7 @@ def tokenize(run_dir: Path, *, frontend: str, device: str = "auto", quantize: st
     loaded = load_frontend(frontend, device, quantize=quantize)
     if loaded.tokenizer is None:
         raise DataError(f"front-end {frontend!r} has no text tokenizer: the text stream cannot be made")
-    config = frontend_config(loaded)
+    config = lm_config(loaded.lm)
     if loaded.mimi.num_codebooks < max(config["dep_q"], config["n_q"] - config["dep_q"]):
         raise DataError(f"front-end {frontend!r}: its Mimi gives {loaded.mimi.num_codebooks} codebooks, the LM needs "
                         f"{config['dep_q']} per channel")

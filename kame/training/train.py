@@ -31,7 +31,7 @@ from kame.training.augment import augmented_stream, stream_of
 from kame.training.checkpoints import RunConfig
 from kame.training.dataset import Chunk, check_frontend, lm_config, load_tokens, sample_chunks, split
 from kame.training.model import OracleLM, add_lora, compute_loss, freeze_audio_heads
-from kame.training.sharding import OPTIMIZER_FORMAT, full_state, load_state
+from kame.training.sharding import OPTIMIZER_FORMAT, full_state, load_state, shard
 
 logger = logging.getLogger(__name__)
 
@@ -66,14 +66,16 @@ def size_defaults(params: int) -> dict:
     return {"steps": 2000, "batch": 1, "lr": 3e-5, "weight_decay": 0.1}
 
 
-def run_config(options: TrainOptions, params: int) -> RunConfig:
+def run_config(options: TrainOptions, params: int, sharded: bool = False) -> RunConfig:
+    """What the run is: the options, the size defaults, and whether it is really sharded (--fsdp
+    with more than one process)."""
     d = size_defaults(params)
     steps = options.steps or d["steps"]
     return RunConfig(
         frontend=options.frontend, lora_rank=options.lora_rank, steps=steps, chunk=options.chunk,
         batch=options.batch or d["batch"], lr=options.lr or d["lr"], weight_decay=d["weight_decay"],
         betas=(0.9, 0.95), warmup=max(1, steps // 20), seed=options.seed, augment=options.augment,
-        audio_weight=options.audio_weight, fsdp=options.fsdp,
+        audio_weight=options.audio_weight, fsdp=sharded,
     )
 
 
@@ -209,18 +211,16 @@ def train(run_dir: Path, options: TrainOptions) -> Path:
     sharded = options.fsdp and r.world > 1
     if options.fsdp and not sharded:
         logger.warning("--fsdp with a single process: nothing to shard, training unsharded (start it with torchrun)")
-    config = dataclasses.replace(run_config(options, count_params(frontend)), fsdp=sharded)  # what the run is
+    config = run_config(options, count_params(frontend), sharded)
     model = build_model(frontend, config.lora_rank, train_audio=config.audio_weight > 0)
     if sharded:
-        from kame.training.sharding import shard
-
         groups = shard(model, device)
         if r.main:
             logger.info("FSDP: %d groups sharded over %d processes", groups, r.world)
     opt = optimizer(model, config)  # after sharding: it must hold the sharded parameters
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, config))
     rng = random.Random(config.seed * 1000 + r.rank)
-    step = _start(run_dir, options, config, model, opt, sched, rng, r, sharded)
+    step = _start(run_dir, options, config, model, opt, sched, rng, r)
     if step >= config.steps:
         logger.info("training already reached step %d of %d", step, config.steps)
         return _final_checkpoint(run_dir)
@@ -252,7 +252,7 @@ def train(run_dir: Path, options: TrainOptions) -> Path:
 
 
 def _start(run_dir: Path, options: TrainOptions, config: RunConfig, model: nn.Module, opt, sched,
-           rng: random.Random, r: Ranks, sharded: bool) -> int:
+           rng: random.Random, r: Ranks) -> int:
     """The step to start from: 0 for a new run, the newest checkpoint's with `resume` (or when the
     same run is asked for again after it finished)."""
     found = checkpoints.latest(run_dir)
@@ -275,11 +275,11 @@ def _start(run_dir: Path, options: TrainOptions, config: RunConfig, model: nn.Mo
     step, path = found
     state = checkpoints.load(path)
     saved_format = state.get("optimizer_format", PLAIN_FORMAT)
-    if saved_format != (OPTIMIZER_FORMAT if sharded else PLAIN_FORMAT):
+    if saved_format != (OPTIMIZER_FORMAT if config.fsdp else PLAIN_FORMAT):
         was = "a sharded" if saved_format != PLAIN_FORMAT else "an unsharded"
         raise KameError(f"cannot resume {path}: it was saved by {was} run; resume it the same way (--fsdp under "
                         "torchrun with more than one process, or neither)")
-    if sharded:
+    if config.fsdp:
         load_state(model, opt, state["weights"], state["optimizer"])
     else:
         checkpoints.restore_weights(model, state["weights"], path)
