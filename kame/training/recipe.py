@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kame.errors import KameError
-from kame.training.runfiles import ORACLE_STRATEGIES
+from kame.training.runfiles import ORACLE_STRATEGIES, write_json
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
@@ -154,5 +154,5 @@ def synthetic_stage(run_dir: Path, spec: dict, frontend: str, seed: int) -> list
     sizes = {k: v for k, v in wanted.items() if k in ("dialogues", "frames")}
     paths = _writer(spec["task"])(run_dir, frontend, base.tokenizer, synthetic.shape_of(base.lm),
                                   seed=wanted["seed"], **sizes)
-    marker.write_text(json.dumps({**wanted, "dialogues_sha256": _names_digest(folder)}, indent=2) + "\n")
+    write_json(marker, {**wanted, "dialogues_sha256": _names_digest(folder)})
     return paths
