@@ -62,8 +62,9 @@ def scripted_llm():
 
 
 @pytest.fixture(scope="session")
-def tandem_server(scripted_llm):
-    """The real server on loopback: tiny-copy, Whisper tiny.en, the scripted LLM, 4 slots."""
+def shared_tandem_server(scripted_llm):
+    """The real server on loopback: tiny-copy, Whisper tiny.en, the scripted LLM, 4 slots; one for
+    the whole run (tests take it through `tandem_server`)."""
     from server.settings import ProfileSettings
 
     from .server_harness import running_server
@@ -71,6 +72,17 @@ def tandem_server(scripted_llm):
     profiles = {"scripted": ProfileSettings(base_url=scripted_llm.base_url, model="scripted", api_key_env=None)}
     with running_server(asr="whisper", max_sessions=4, profiles=profiles, llm="scripted") as (url, services):
         yield url, services
+
+
+@pytest.fixture
+def tandem_server(shared_tandem_server):
+    """The shared server once every slot is free. A session an earlier test closed gives its slot
+    back only after its planner and ASR stream are closed, which takes longer on a loaded machine;
+    without the wait, the next test's session could be refused (HTTP 503) as if the server were full."""
+    from .server_harness import wait_until_all_slots_free
+
+    wait_until_all_slots_free(shared_tandem_server[1], limit_s=30.0)
+    return shared_tandem_server
 
 
 @pytest.fixture(scope="session")

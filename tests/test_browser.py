@@ -17,8 +17,6 @@ import pytest
 
 from client.client import KameClient, ServerBusy
 
-from .server_harness import wait_until_all_slots_free
-
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 
@@ -111,8 +109,6 @@ def test_page_talks_to_the_server(tandem_server, question_wav):
 
 def test_page_explains_a_refused_connection_and_offers_retry(tandem_server, question_wav):
     url, services = tandem_server
-
-    wait_until_all_slots_free(services)
 
     async def scenario():
         holders = []

@@ -117,7 +117,6 @@ def test_spoken_question_end_to_end(tandem_server, scripted_llm, voices):
 
 def test_four_sessions_each_hear_their_own_answer_and_a_fifth_is_refused(tandem_server, voices):
     url, services = tandem_server
-    wait_until_all_slots_free(services)
 
     async def scenario():
         conversations = [talk(url, voices[key], until=answer) for key, (_, answer) in QUESTIONS.items()]
