@@ -37,10 +37,11 @@ def attempts_running(got: Recording) -> bool:
 
 
 async def talk(url: str, pcm: np.ndarray, until: str | None = None, max_after_s: float = 20.0
-               ) -> tuple[Recording, float, float]:
+               ) -> tuple[Recording, float, int]:
     """Speak `pcm`, then keep sending silence in real time until the assistant has said `until`, the
     final transcript came and no LLM attempt is still running (or 4 s when None, or `max_after_s` at
-    most): a loaded machine only makes it wait longer."""
+    most): a loaded machine only makes it wait longer. The recording, the wall time the speech ended
+    and the samples sent, all on one schedule (a late wake-up delays one frame, not all after it)."""
     client = await KameClient.connect(url + "/api/chat")
     got = Recording()
     receiver = asyncio.create_task(record(client, got))
@@ -53,13 +54,13 @@ async def talk(url: str, pcm: np.ndarray, until: str | None = None, max_after_s:
         heard_final = any(e.final for e in got.of("transcript"))
         if until is not None and until in got.text_stream and heard_final and not attempts_running(got):
             break
-        await stream_realtime(client, silence)
+        await asyncio.sleep(max(0.0, start + sent / 24000 - time.monotonic()))
+        await client.send_pcm(silence)
         sent += len(silence)
-    end = time.monotonic()
     await wait_until(lambda: audio_accounted_for(got, sent), "the audio of the last frames sent")
     await client.close()
     await receiver
-    return got, speech_end, end - start
+    return got, speech_end, sent
 
 
 def test_spoken_question_end_to_end(tandem_server, scripted_llm, voices):
@@ -68,7 +69,7 @@ def test_spoken_question_end_to_end(tandem_server, scripted_llm, voices):
     llm.requests.clear()
     llm.received_at.clear()
     pcm = voices["france"]
-    got, speech_end, sent_s = asyncio.run(talk(url, pcm, until="Paris is the capital of France"))
+    got, speech_end, sent = asyncio.run(talk(url, pcm, until="Paris is the capital of France"))
 
     # the LLM was asked with a *partial* transcript before the question ended
     question = words(QUESTIONS["france"][0])
@@ -82,9 +83,11 @@ def test_spoken_question_end_to_end(tandem_server, scripted_llm, voices):
     # the front-end's text stream (kind 2) speaks the scripted answer
     assert "Paris is the capital of France" in got.text_stream
 
-    # audio comes back at 12.5 frames per second, one frame out per frame in
+    # audio comes back at 12.5 frames per second, one frame out per frame in (or reported dropped:
+    # a loaded machine skips a lagging session to live)
     samples = sum(len(m.pcm) for m in got.audio)
-    assert abs(samples - sent_s * 24000) <= 3 * 1920
+    stats = got.of("stats")
+    assert abs(samples + stats[-1].frames_dropped * 1920 - sent) <= 3 * 1920
     first, last = got.audio[0].received_s, got.audio[-1].received_s
     assert 11.0 < (samples / 1920 - 1) / (last - first) < 14.0
 
@@ -105,14 +108,15 @@ def test_spoken_question_end_to_end(tandem_server, scripted_llm, voices):
     oracle = got.of("oracle")
     assert oracle[0].op == "reset"
     assert any(o.op == "reset" and o.text == "Paris" for o in oracle)  # once the partial named France
-    stats = got.of("stats")
     frames = [o.frame for o in oracle]  # applied in order, at frames the session really stepped ...
     assert frames == sorted(frames) and frames[-1] < stats[-1].frames_out
     # ... after the audio of the first partial transcript (the LLM heard no earlier), less the
     # engine's jitter budget of 3 frames behind the audio received
     assert frames[0] >= transcripts[0].end_s / FRAME_S - 3, (frames[0], transcripts[0])
     assert stats and all(a.frames_in < b.frames_in for a, b in zip(stats, stats[1:], strict=False))
-    assert stats[-1].frames_out >= stats[-1].frames_in - 2 and stats[-1].frame_latency_ms is not None
+    # the last stats event is a snapshot: up to the jitter budget's 3 frames can still be queued
+    assert stats[-1].frames_out + stats[-1].frames_dropped >= stats[-1].frames_in - 3
+    assert stats[-1].frame_latency_ms is not None
 
 
 def test_four_sessions_each_hear_their_own_answer_and_a_fifth_is_refused(tandem_server, voices):

@@ -16,7 +16,7 @@ from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
 from server.settings import ProfileSettings
 
 from .conftest import words
-from .server_harness import Recording, record, running_server, stream_realtime
+from .server_harness import Recording, audio_accounted_for, record, running_server, stream_realtime, wait_until
 
 ANSWER = "Paris is the capital of France"
 
@@ -164,7 +164,7 @@ def test_eight_out_of_phase_sessions_share_one_step_per_frame():
             began = time.monotonic()
             await stream_realtime(client, np.zeros(int(24000 * seconds), np.float32))
             sent = time.monotonic() - began
-            await asyncio.sleep(0.3)
+            await wait_until(lambda: audio_accounted_for(got, int(24000 * seconds)), "the last frames' audio", 10.0)
             await client.close()
             await task
             return int(24000 * seconds) // 1920, sum(len(m.pcm) for m in got.audio) // 1920, sent
