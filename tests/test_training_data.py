@@ -128,6 +128,30 @@ def test_the_training_oracle_stream_is_what_the_engine_feeds(timed_run, tiny):
     assert stream[30:40] == [lm.text_initial_token_id, 7, lm.text_initial_token_id, 16, 17] + [PADDING] * 5
 
 
+def test_each_sides_codes_come_from_its_own_channel(tmp_path):
+    """With a Mimi that tells sounds apart (the presets' encodes everything to code 0): a side's codes
+    vary in its own turns and hold Mimi's silence code in the other side's."""
+    from kame.testing.dialogues import make_dialogues
+    from kame.testing.mimi import tiny_with_calibrated_mimi
+
+    paths = make_dialogues(tmp_path / "data", 2, seed=5)
+    run = tmp_path / "run"
+    prepare(tmp_path / "data", run, device="cpu")
+    simulate(run)
+    tokenize(run, frontend=str(tiny_with_calibrated_mimi(tmp_path / "frontend")), device="cpu")
+    turns = 0
+    for path in paths:
+        prepared = json.loads((run / "prepared" / f"{path.stem}.json").read_text())
+        tensors, _ = token_file(run / "tokens" / f"{path.stem}.safetensors")
+        for turn in prepared["turns"]:
+            first, last = int(turn["start"] * 12.5) + 2, int(turn["end"] * 12.5)  # past the onset
+            speaking, silent = ("user_codes", "assistant_codes")[:: 1 if turn["speaker"] == "user" else -1]
+            assert len(set(tensors[speaking][0, first:last].tolist())) >= 5, (path.name, turn)
+            assert len(set(tensors[silent][0, first:last].tolist())) <= 2, (path.name, turn)
+            turns += 1
+    assert turns >= 4
+
+
 def test_whisper_dialogues_tokenized_with_tiny_and_a_rerun_does_nothing(tmp_path):
     from kame.testing.dialogues import dialogue_exchanges, make_dialogues
 
