@@ -81,7 +81,7 @@ def tandem_server(shared_tandem_server):
     without the wait, the next test's session could be refused (HTTP 503) as if the server were full."""
     from .server_harness import wait_until_all_slots_free
 
-    wait_until_all_slots_free(shared_tandem_server[1])
+    wait_until_all_slots_free(shared_tandem_server[1], limit_s=30.0)
     return shared_tandem_server
 
 

@@ -98,7 +98,7 @@ async def wait_until(predicate: Callable[[], object], what: str, timeout_s: floa
         await asyncio.sleep(0.02)
 
 
-def wait_until_all_slots_free(services, limit_s: float = 30.0) -> None:
+def wait_until_all_slots_free(services, limit_s: float = 10.0) -> None:
     """Sessions of earlier tests on a shared server give their slots back once their planner and
     ASR stream are closed: wait for that before a test that counts slots."""
     runner, slots = services.runtime.runner, services.runtime.engine.batch_size

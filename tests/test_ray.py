@@ -83,14 +83,14 @@ class Talker:
 
     async def close(self) -> None:
         await self.client.close()
-        await self.task
+        await asyncio.gather(self.task, return_exceptions=True)  # a task a timed-out wait cancelled too
 
     @classmethod
     async def close_all(cls) -> None:
         """Close what the test left open (it failed half-way): a held slot would refuse the next
-        test's sessions."""
-        talkers, cls.opened = cls.opened, []
-        for talker in talkers:
+        test's sessions. Also those opened while it closes others (an open still under way)."""
+        while cls.opened:
+            talker = cls.opened.pop()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(talker.close(), 10)
 
@@ -132,7 +132,8 @@ def test_sessions_spread_over_replicas_and_a_fifth_is_refused_at_once(cluster):
     talkers, busy, refused_in, health, metrics = run_closing(go)
     replicas = [t.replica for t in talkers]
     assert len(set(replicas)) == 2 and sorted(replicas.count(r) for r in set(replicas)) == [2, 2]
-    assert all(t.accounted >= 5 + FRAMES for t in talkers)  # each heard every frame it sent, back
+    # each heard every frame it sent back, but for a few a loaded machine dropped (and said so)
+    assert all(t.accounted >= 5 + FRAMES and t.dropped <= (5 + FRAMES) // 4 for t in talkers)
     assert "busy" in str(busy) and refused_in < 5  # the app's own 503, not Ray's 500 or its queue
     assert health["status"] == "ready" and health["replica"] in replicas and health["free_slots"] == 0
     assert {r["replica"] for r in health["replicas"]} == set(replicas)
@@ -214,7 +215,7 @@ def test_a_replica_scaled_away_keeps_its_session_until_it_ends(cluster):
         await wait_until(lambda: states().get("STOPPING", 0) == 1, "a replica being scaled away", 30)
         stopping_while_talking = not during.done()
         await during
-        backs = [t.accounted for t in talkers]
+        backs = [(t.accounted, t.dropped) for t in talkers]
         assert not update.done()  # the replica going away still holds its session
         for t in talkers:
             await t.close()
@@ -225,7 +226,8 @@ def test_a_replica_scaled_away_keeps_its_session_until_it_ends(cluster):
 
     talkers, backs, replicas = run_closing(go)
     assert len({t.replica for t in talkers}) == 2
-    assert all(back >= 5 + FRAMES for back in backs)  # none was cut off by the downscale
+    # none was cut off by the downscale (but for a few frames a loaded machine dropped and said so)
+    assert all(back >= 5 + FRAMES and dropped <= (5 + FRAMES) // 4 for back, dropped in backs)
     assert replicas == {"RUNNING": 1}  # and once they ended, the replica went
 
 

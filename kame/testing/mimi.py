@@ -35,7 +35,7 @@ def calibrate_codebooks(mimi: MimiModel, seed: int = 0) -> None:
     active = mimi.num_codebooks
     mimi.set_num_codebooks(mimi.total_codebooks)
     try:
-        with torch.random.fork_rng(), torch.no_grad():
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.manual_seed(seed)  # k-means draws its first centroids from the global generator
             latent = mimi.encode_to_latent(sound.to(next(mimi.parameters()))[None, None], quantize=False)
             mimi.quantizer.train()
@@ -51,6 +51,6 @@ def tiny_with_calibrated_mimi(out: Path) -> Path:
     shutil.copytree(TINY_COPY_DIR, out)
     frontend = load_frontend(str(out), "cpu")
     calibrate_codebooks(frontend.mimi)
-    state = {k: v.detach().cpu().contiguous() for k, v in frontend.mimi.state_dict().items()}
+    state = {k: v.detach().cpu().clone().contiguous() for k, v in frontend.mimi.state_dict().items()}
     save_file(state, out / "mimi.safetensors")
     return out
