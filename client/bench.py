@@ -73,6 +73,7 @@ def measure(url: str, sessions: int, seconds: float, transport: str = "moshi") -
     return {
         "transport": transport, "sessions": sessions, "refused": run.refused, "frames_sent": run.frames_sent,
         "frames_dropped": run.frames_sent - run.frames_received, "frames_late": late,
+        "frames_untimed": run.frames_unmatched,
         "round_trip_ms": {"p50": p50, "p95": percentile_ms(run.round_trips, 95), "p99": p99},
         "engine_step_ms": None if step_ms is None else round(step_ms, 2),
         "batch_mean": round((after.get("frames_stepped", 0) - before.get("frames_stepped", 0)) / steps, 2)
@@ -115,13 +116,14 @@ def _doubling(limit: int) -> list[int]:
 
 def markdown(result: dict) -> str:
     lines = ["| transport | sessions | round trip p50 / p95 / p99 ms | engine step ms | overhead p50 / p99 ms | "
-             "mean batch | not back | late (>80 ms) | server CPU cores | server RSS MB |",
-             "|---|---:|---|---:|---|---:|---:|---:|---:|---:|"]
+             "mean batch | not back | untimed | late (>80 ms) | server CPU cores | server RSS MB |",
+             "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in result["levels"]:
         rt, oh = r["round_trip_ms"], r["overhead_ms"]
         lines.append(f"| {r.get('transport', 'moshi')} | {r['sessions']} | {rt['p50']} / {rt['p95']} / {rt['p99']} | "
                      f"{r['engine_step_ms']} | "
-                     f"{oh['p50']} / {oh['p99']} | {r['batch_mean']} | {r['frames_dropped']} | {r['frames_late']} | "
+                     f"{oh['p50']} / {oh['p99']} | {r['batch_mean']} | {r['frames_dropped']} | "
+                     f"{r.get('frames_untimed', 0)} | {r['frames_late']} | "
                      f"{r['server_cpu_cores']} | {r['server_rss_mb']} |")
     lines.append(f"\nlargest N with p99 round trip <= 80 ms: {result['max_sessions_p99_under_80ms']}")
     return "\n".join(lines)

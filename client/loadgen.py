@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from websockets.exceptions import ConnectionClosed
 
-from client.client import AudioMessage, KameClient, ServerRefused, ServerUnreachable, send_paced
+from client.client import AudioMessage, EventMessage, KameClient, ServerRefused, ServerUnreachable, send_paced
 from kame.protocol import FRAME_SIZE as FRAME
 from kame.protocol import SAMPLE_RATE as RATE
 from kame.protocol import Kind, encode
@@ -135,6 +135,7 @@ class LatencyRun:
     frames_sent: int = 0
     frames_received: int = 0
     refused: int = 0
+    frames_unmatched: int = 0  # back, but after a drop the server had not yet counted: not timed
 
 
 # the Realtime endpoint sends audio only while the model speaks; with audio energy counted as speech,
@@ -151,25 +152,26 @@ async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.
         if transport == "realtime":
             client = await RealtimeAudio.connect(url, session=REALTIME_LOAD_SESSION)
             chunks = client.audio()
-        else:
-            client = await KameClient.connect(url, events=False)
-            chunks = ((None, m.pcm) async for m in client if isinstance(m, AudioMessage))
+        else:  # events for the stats events' count of dropped frames; the session's others are few
+            client = await KameClient.connect(url, events=True)
+            chunks = _moshi_chunks(client)
     except ServerRefused:
         run.refused += 1
         return
     sent_at: list[float] = []
     received_at: list[tuple[int, float]] = []  # (frame index, arrival time)
 
+    matcher = _MoshiFrames(received_at)
+
     async def receive() -> None:
-        received = 0
         with contextlib.suppress(ConnectionClosed):
-            async for frame, pcm in chunks:
-                if frame is not None:  # the Realtime endpoint names the frame; Moshi's returns all, in order
+            async for frame, item in chunks:
+                if frame is not None:  # the Realtime endpoint names the frame
                     received_at.append((frame, time.monotonic()))
-                    continue
-                received += len(pcm)
-                while received >= FRAME * (len(received_at) + 1):
-                    received_at.append((len(received_at), time.monotonic()))
+                elif isinstance(item, int):
+                    matcher.dropped(item)
+                else:
+                    matcher.audio(len(item))
 
     task = asyncio.create_task(receive())
     await asyncio.sleep(rng.random() * FRAME / RATE)  # sessions do not start in lockstep
@@ -185,12 +187,53 @@ async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.
         await asyncio.sleep(0.5)
     await client.close()
     await task
-    # frame k back answers the k-th frame sent (the Realtime endpoint does not send the first ones,
-    # before the model's audio is ready and its speech opens a response)
+    matcher.end()
+    # each frame back answers the frame sent it names (the Realtime endpoint does not send the first
+    # ones, before the model's audio is ready and its speech opens a response)
     trips = [at - sent_at[frame] for frame, at in received_at if frame < len(sent_at)]
     run.frames_sent += len(sent_at)
-    run.frames_received += len(received_at)
+    run.frames_received += len(received_at) + matcher.unmatched
+    run.frames_unmatched += matcher.unmatched
     run.round_trips.extend(trips[3:])  # the first frames carry the connection's warm-up
+
+
+async def _moshi_chunks(client: KameClient):
+    """(None, pcm) for each audio message, (None, count) for each stats event's dropped-frame count."""
+    async for message in client:
+        if isinstance(message, AudioMessage):
+            yield None, message.pcm
+        elif isinstance(message, EventMessage) and message.event.type == "stats":
+            yield None, message.event.frames_dropped
+
+
+class _MoshiFrames:
+    """Which frame sent each frame of Moshi's audio answers. Frame k back answers frame k sent, but
+    for the frames the server dropped before it (skipped to stay live, or output dropped for a slow
+    reader), which its stats events count once a second. Frames back since the last stats event
+    wait there: if the next one counts new drops, which of them it shifts is unknown, so they are
+    left out (`unmatched`) rather than timed against the wrong frame, 80 ms per drop off."""
+
+    def __init__(self, into: list[tuple[int, float]]) -> None:
+        self.into, self.samples, self.back, self.offset, self.unmatched = into, 0, 0, 0, 0
+        self.pending: list[tuple[int, float]] = []
+
+    def audio(self, samples: int) -> None:
+        self.samples += samples
+        while self.samples >= FRAME * (self.back + 1):
+            self.pending.append((self.back + self.offset, time.monotonic()))
+            self.back += 1
+
+    def dropped(self, count: int) -> None:
+        if count == self.offset:
+            self.into.extend(self.pending)
+        else:
+            self.unmatched += len(self.pending)
+            self.offset = count
+        self.pending = []
+
+    def end(self) -> None:
+        self.into.extend(self.pending)  # no drop counted after them: none seen, at least
+        self.pending = []
 
 
 async def load_level(url: str, sessions: int, seconds: float, seed: int = 0, transport: str = "moshi") -> LatencyRun:

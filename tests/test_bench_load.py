@@ -4,9 +4,24 @@ from __future__ import annotations
 
 import json
 
+from client.loadgen import FRAME, _MoshiFrames
 from kame.cli import main
 
 from .server_harness import running_server
+
+
+def test_moshi_frames_back_are_matched_past_the_drops_the_server_counts():
+    timed: list[tuple[int, float]] = []
+    frames = _MoshiFrames(timed)
+    for _ in range(3):
+        frames.audio(FRAME // 2)  # half frames: a frame counts once whole
+        frames.audio(FRAME - FRAME // 2)
+    frames.dropped(0)  # a stats event, no drop: frames 0-2 back answer frames 0-2 sent
+    frames.audio(2 * FRAME)
+    frames.dropped(2)  # two frames dropped since the last stats: which the two back answer is unknown
+    frames.audio(FRAME)  # past both drops: the 6th frame back answers the 8th sent
+    frames.end()
+    assert [frame for frame, _ in timed] == [0, 1, 2, 7] and frames.unmatched == 2
 
 
 def test_bench_load_reports_every_level(tmp_path, capsys):
