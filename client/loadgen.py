@@ -151,10 +151,8 @@ async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.
     try:
         if transport == "realtime":
             client = await RealtimeAudio.connect(url, session=REALTIME_LOAD_SESSION)
-            chunks = client.audio()
         else:  # events for the stats events' count of dropped frames; the session's others are few
             client = await KameClient.connect(url, events=True)
-            chunks = _moshi_chunks(client)
     except ServerRefused:
         run.refused += 1
         return
@@ -165,13 +163,18 @@ async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.
 
     async def receive() -> None:
         with contextlib.suppress(ConnectionClosed):
-            async for frame, item in chunks:
-                if frame is not None:  # the Realtime endpoint names the frame
-                    received_at.append((frame, time.monotonic()))
-                elif isinstance(item, int):
-                    matcher.dropped(item)
-                else:
-                    matcher.audio(len(item))
+            if transport == "realtime":
+                async for frame, pcm in client.audio():
+                    if frame is not None:  # the Realtime endpoint names the frame
+                        received_at.append((frame, time.monotonic()))
+                    else:
+                        matcher.audio(len(pcm))
+                return
+            async for message in client:
+                if isinstance(message, AudioMessage):
+                    matcher.audio(len(message.pcm))
+                elif isinstance(message, EventMessage) and message.event.type == "stats":
+                    matcher.dropped(message.event.frames_dropped)
 
     task = asyncio.create_task(receive())
     await asyncio.sleep(rng.random() * FRAME / RATE)  # sessions do not start in lockstep
@@ -195,15 +198,6 @@ async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.
     run.frames_received += len(received_at) + matcher.unmatched
     run.frames_unmatched += matcher.unmatched
     run.round_trips.extend(trips[3:])  # the first frames carry the connection's warm-up
-
-
-async def _moshi_chunks(client: KameClient):
-    """(None, pcm) for each audio message, (None, count) for each stats event's dropped-frame count."""
-    async for message in client:
-        if isinstance(message, AudioMessage):
-            yield None, message.pcm
-        elif isinstance(message, EventMessage) and message.event.type == "stats":
-            yield None, message.event.frames_dropped
 
 
 class _MoshiFrames:

@@ -86,6 +86,12 @@ def audio_accounted_for(got: Recording, sent_samples: int, in_flight: int = 2) -
     return received_samples(got) + dropped * 1920 >= sent_samples - in_flight * 1920
 
 
+def few_dropped(dropped: int, frames: int) -> bool:
+    """At most a quarter of `frames` dropped: what a loaded machine may skip to live while the
+    server still counts as serving the session (checks that forgive reported drops cap them so)."""
+    return dropped <= frames // 4
+
+
 async def wait_until(predicate: Callable[[], object], what: str, timeout_s: float = 10.0) -> None:
     """Return once `predicate()` is true, checking every 20 ms; fail naming `what` after `timeout_s`.
     For a state with nothing to await (a message received, a counter reached): a loaded machine only

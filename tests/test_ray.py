@@ -21,7 +21,7 @@ from client.client import AudioMessage, EventMessage, KameClient, ServerBusy, se
 from server import ray_serve
 from server.settings import load_settings
 
-from .server_harness import free_port, wait_until
+from .server_harness import few_dropped, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 FRAMES = 25
@@ -133,7 +133,7 @@ def test_sessions_spread_over_replicas_and_a_fifth_is_refused_at_once(cluster):
     replicas = [t.replica for t in talkers]
     assert len(set(replicas)) == 2 and sorted(replicas.count(r) for r in set(replicas)) == [2, 2]
     # each heard every frame it sent back, but for a few a loaded machine dropped (and said so)
-    assert all(t.accounted >= 5 + FRAMES and t.dropped <= (5 + FRAMES) // 4 for t in talkers)
+    assert all(t.accounted >= 5 + FRAMES and few_dropped(t.dropped, 5 + FRAMES) for t in talkers)
     assert "busy" in str(busy) and refused_in < 5  # the app's own 503, not Ray's 500 or its queue
     assert health["status"] == "ready" and health["replica"] in replicas and health["free_slots"] == 0
     assert {r["replica"] for r in health["replicas"]} == set(replicas)
@@ -227,7 +227,7 @@ def test_a_replica_scaled_away_keeps_its_session_until_it_ends(cluster):
     talkers, backs, replicas = run_closing(go)
     assert len({t.replica for t in talkers}) == 2
     # none was cut off by the downscale (but for a few frames a loaded machine dropped and said so)
-    assert all(back >= 5 + FRAMES and dropped <= (5 + FRAMES) // 4 for back, dropped in backs)
+    assert all(back >= 5 + FRAMES and few_dropped(dropped, 5 + FRAMES) for back, dropped in backs)
     assert replicas == {"RUNNING": 1}  # and once they ended, the replica went
 
 
