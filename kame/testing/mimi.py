@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 from moshi.models.compression import MimiModel
-from safetensors.torch import save_file
 
 from kame.frontend.loader import load_frontend
 from kame.frontend.presets import TINY_COPY_DIR
+from kame.training.export import MIMI_NAME, save_mimi
 
 CALIBRATION_FRAMES = 150  # 12 s of sound: more vectors than the tiny Mimi's 64 codebook entries
 
@@ -51,6 +51,5 @@ def tiny_with_calibrated_mimi(out: Path) -> Path:
     shutil.copytree(TINY_COPY_DIR, out)
     frontend = load_frontend(str(out), "cpu")
     calibrate_codebooks(frontend.mimi)
-    state = {k: v.detach().cpu().clone().contiguous() for k, v in frontend.mimi.state_dict().items()}
-    save_file(state, out / "mimi.safetensors")
+    save_mimi(frontend.mimi, out / MIMI_NAME)
     return out

@@ -98,11 +98,15 @@ def _cpu(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return value.to("cpu", dtype if value.dtype.is_floating_point else value.dtype).clone().contiguous()
 
 
+def save_mimi(mimi: torch.nn.Module, path: Path) -> None:
+    """A Mimi in memory (a random preset's, say) as the loader reads it: its state dict, on the CPU."""
+    save_file({k: v.detach().cpu().clone().contiguous() for k, v in mimi.state_dict().items()}, str(path))
+
+
 def _write_mimi(out: Path, files: BaseFiles, frontend: Frontend) -> None:
     if files.mimi_weights is not None:
         shutil.copyfile(files.mimi_weights, out / MIMI_NAME)
     else:
-        state = {k: v.detach().cpu().clone().contiguous() for k, v in frontend.mimi.state_dict().items()}
-        save_file(state, str(out / MIMI_NAME))
+        save_mimi(frontend.mimi, out / MIMI_NAME)
     if files.mimi_config is not None:
         (out / MIMI_CONFIG_NAME).write_text(json.dumps(files.mimi_config, indent=2) + "\n")
