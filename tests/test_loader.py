@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from kame.errors import FrontendLoadError
 from kame.frontend.loader import ORACLE_KEY, load_frontend
 from kame.frontend.presets import TINY_COPY_DIR
+from kame.testing.hub_layouts import hf_cache_repo
 
 from .server_harness import free_port
 
@@ -77,8 +78,9 @@ def test_missing_files_and_bad_config(repo_dir):
     (repo_dir / "config.json").write_text("{not json")
     with pytest.raises(FrontendLoadError, match="config.json is not valid JSON"):
         load_frontend(str(repo_dir), "cpu")
-    (repo_dir / "config.json").unlink()
-    with pytest.raises(FrontendLoadError, match="has no config.json"):
+    (repo_dir / "config.json").unlink()  # a folder without one is a Moshi 7B snapshot, as moshi assumes
+    with pytest.raises(FrontendLoadError, match=r"missing .*tokenizer-e351c8d8-checkpoint125.safetensors "
+                                                r"\(named by 'mimi_name' in .*no config.json: Moshi 7B defaults"):
         load_frontend(str(repo_dir), "cpu")
 
 
@@ -106,17 +108,8 @@ def test_unknown_source():
         load_frontend("no-such-thing", "cpu")
 
 
-def fake_hub_cache(cache: Path, repo_id: str, files_from: Path) -> None:
-    """Lay out `files_from` as huggingface_hub's cache would after a download of `repo_id`."""
-    repo = cache / ("models--" + repo_id.replace("/", "--"))
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    shutil.copytree(files_from, repo / "snapshots" / commit)
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(commit)
-
-
 def test_hub_repo_id_resolves_through_huggingface_hub(tmp_path):
-    fake_hub_cache(tmp_path / "hub", "SakanaAI/kame", TINY_COPY_DIR)
+    hf_cache_repo(tmp_path / "hub", "SakanaAI/kame", TINY_COPY_DIR)
     frontend = load_frontend("SakanaAI/kame", "cpu", hf_cache_dir=tmp_path / "hub", local_files_only=True)
     assert frontend.source == "SakanaAI/kame" and frontend.lm.text_card == 1000
 

@@ -1,9 +1,12 @@
 """The `kyutai-stt` ASR engine: Kyutai's streaming speech-to-text model, batched over sessions.
 
 The model (e.g. `kyutai/stt-1b-en_fr`) is a Moshi-style LM with no depformer: Mimi codes in,
-text tokens out, a fixed `audio_delay_seconds` behind the audio, and extra heads that predict
-the end of a turn ("semantic VAD"). It loads through the front-end loader (same layouts) and
-runs on its own engine thread, all sessions' streams stepped in one batch per frame.
+text tokens out, a fixed `audio_delay_seconds` behind the audio, after a silence prefix of
+`audio_silence_prefix_seconds` (both from its config's `stt_config`). Some checkpoints have extra
+heads that predict the end of a turn ("semantic VAD"); the published PyTorch `kyutai/stt-1b-en_fr`
+has none, and then a turn ends after a pause that Silero VAD hears on the input. It loads through
+the front-end loader (same layouts) and runs on its own engine thread, all sessions' streams
+stepped in one batch per frame.
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+import math
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -20,6 +25,7 @@ from moshi.models.lm import LMGen
 from moshi.utils.compile import no_compile
 
 from kame.asr.events import AsrFailure, FinalTranscript, PartialTranscript, TranscriptEvent, drain_events
+from kame.asr.vad import SilenceEndOfTurn, silero_session
 from kame.errors import EngineError
 from kame.frontend.engine import FRAME_RATE, FRAME_SIZE
 from kame.frontend.loader import Frontend, load_frontend
@@ -37,6 +43,9 @@ class SttOptions:
     max_sessions: int = 8  # batch size of the STT engine
     eot_head: int = 2  # which extra head predicts the end of a turn (Kyutai's STT 1B: 2)
     eot_threshold: float = 0.5  # end-of-turn probability that ends an utterance
+    # without an end-of-turn head: a pause this long (and at least the model's delay) ends the turn
+    min_silence_s: float = 0.6
+    vad_threshold: float = 0.5  # Silero speech probability that counts as speech (the pause rule)
 
 
 @dataclass(frozen=True)
@@ -44,14 +53,18 @@ class SttFrame:
     slot: int
     frame: int
     text_token: int | None
-    end_of_turn: float  # probability from the end-of-turn head (0 when the model has none)
+    end_of_turn: float  # from the end-of-turn head, or the pause rule where the model has none
 
 
 class SttBatch:
     """The synchronous batched step of the STT model (the shape `EngineRunner` drives)."""
 
-    def __init__(self, model: Frontend, batch_size: int, eot_head: int) -> None:
+    def __init__(self, model: Frontend, batch_size: int, eot_head: int,
+                 pause_rule: Callable[[], SilenceEndOfTurn] | None = None) -> None:
+        """`pause_rule`: where the model has no end-of-turn head, a new rule per stream."""
         self.model, self.batch_size, self.eot_head = model, batch_size, eot_head
+        self._pause_rule = pause_rule
+        self._pauses: dict[int, SilenceEndOfTurn] = {}
         self.device = model.device
         self.lm_gen = LMGen(model.lm, use_sampling=False, temp=0.0, temp_text=0.0, support_out_of_sync=True)
         self._stack = contextlib.ExitStack()
@@ -75,6 +88,8 @@ class SttBatch:
         self.lm_gen.reset_streaming(mask)
         self._active.add(free[0])
         self._frames[free[0]] = 0
+        if self._pause_rule is not None:
+            self._pauses[free[0]] = self._pause_rule()
         return free[0]
 
     def release(self, slot: int) -> None:
@@ -101,8 +116,9 @@ class SttBatch:
         outputs = []
         for slot in sorted(frames):
             token = text[slot]
+            end = eot[slot] if eot else self._pauses[slot](frames[slot]) if self._pauses else 0.0
             outputs.append(SttFrame(slot, self._frames[slot], None if token < 0 or token in self._skip else token,
-                                    eot[slot] if eot else 0.0))
+                                    end))
             self._frames[slot] += 1
         return outputs
 
@@ -115,13 +131,24 @@ class KyutaiSttAsr:
 
     def __init__(self, options: SttOptions = SttOptions()) -> None:
         self.options = options
-        self.model = load_frontend(options.model, options.device)
+        self.model = load_frontend(options.model, options.device, role="stt")
         if self.model.tokenizer is None:
             raise EngineError(f"STT model {options.model!r} has no tokenizer")
+        if self.model.model_type != "stt":
+            logger.warning("kyutai-stt: %s says model_type %r, not 'stt'", options.model, self.model.model_type)
         stt = self.model.stt_config
-        self.prefix_s = float(stt.get("audio_silence_prefix_seconds", 0.0))
+        # whole frames of silence first, rounded up as Kyutai's scripts round them
+        self.prefix_frames = math.ceil(float(stt.get("audio_silence_prefix_seconds", 0.0)) * FRAME_RATE)
         self.delay_s = float(stt.get("audio_delay_seconds", 0.5))
-        self.batch = SttBatch(self.model, options.max_sessions, options.eot_head)
+        self.end_of_turn = "head" if len(self.model.lm.extra_heads) > options.eot_head else "pause"
+        pause_rule = None
+        if self.end_of_turn == "pause":
+            frames = SilenceEndOfTurn.frames_for(options.min_silence_s, self.delay_s, FRAME_RATE)
+            session = silero_session()
+            pause_rule = partial(SilenceEndOfTurn, session, frames, options.vad_threshold)
+            logger.warning("kyutai-stt: %s has no end-of-turn head (extra_heads[%d]): a turn ends after %.2f s of "
+                           "silence (Silero VAD) instead", options.model, options.eot_head, frames / FRAME_RATE)
+        self.batch = SttBatch(self.model, options.max_sessions, options.eot_head, pause_rule)
         # up to 60 s of backlog per stream; beyond it the oldest audio is dropped
         self.runner = EngineRunner(self.batch, batch_window_s=0.02, max_pending_frames=750, clock="eager").start()
         logger.info("ASR kyutai-stt: %s, %d slots, text %.2f s behind the audio",
@@ -163,7 +190,7 @@ class KyutaiSttStream:
         except EngineError as exc:
             self._events.put_nowait(AsrFailure(str(exc)))
             return
-        prefix = np.zeros(int(self.asr.prefix_s * FRAME_RATE) * FRAME_SIZE, dtype=np.float32)
+        prefix = np.zeros(self.asr.prefix_frames * FRAME_SIZE, dtype=np.float32)
         self._pending = np.concatenate([prefix, self._pending])  # the silence the model expects first
         self._push_frames(np.zeros(0, dtype=np.float32))
 
@@ -212,26 +239,29 @@ class KyutaiSttStream:
         post(self._loop, self._events.put_nowait, AsrFailure(f"kyutai-stt failed: {exc}"))
 
     def _audio_time(self, frame: int) -> float:
-        return max(0.0, frame / FRAME_RATE - self.asr.prefix_s - self.asr.delay_s)
+        return max(0.0, (frame - self.asr.prefix_frames) / FRAME_RATE - self.asr.delay_s)
 
     def _on_output(self, out: SttFrame) -> None:
         self._frames_out += 1
         now = self._audio_time(out.frame + 1)
         if out.text_token is not None:
-            piece = self._pieces.push(out.text_token)
-            if not piece:
-                return  # part of a character: its bytes are still coming
-            if self._utterance_start is None:
-                self._utterance_start = self._audio_time(out.frame)
-            if piece.startswith(" ") or not self._words:
-                self._words.append(piece.strip())
-            else:
-                self._words[-1] += piece
-            self._events.put_nowait(PartialTranscript(" ".join(self._words).strip(), self._utterance_start, now))
-        elif self._words and out.end_of_turn >= self.asr.options.eot_threshold:
+            self._word_piece(out, now)
+        if self._words and out.end_of_turn >= self.asr.options.eot_threshold:
             self._final(now)
         if self._flushed is not None and self._frames_out >= self._flush_until:
             self._flushed.set()
+
+    def _word_piece(self, out: SttFrame, now: float) -> None:
+        piece = self._pieces.push(out.text_token)
+        if not piece:
+            return  # part of a character: its bytes are still coming
+        if self._utterance_start is None:
+            self._utterance_start = self._audio_time(out.frame)
+        if piece.startswith(" ") or not self._words:
+            self._words.append(piece.strip())
+        else:
+            self._words[-1] += piece
+        self._events.put_nowait(PartialTranscript(" ".join(self._words).strip(), self._utterance_start, now))
 
     def _final(self, end_s: float | None = None) -> None:
         text = " ".join(self._words).strip()

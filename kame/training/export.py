@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from kame.errors import KameError
 from kame.frontend import loader
 from kame.frontend.loader import ORACLE_KEY, Frontend
-from kame.frontend.presets import DIRECTORY_PRESETS, RANDOM_PRESETS
+from kame.frontend.presets import RandomPreset
 from kame.training import checkpoints
 from kame.training.evaluate import load_trained
 from kame.training.train import SMALL_MODEL_PARAMS
@@ -45,17 +45,13 @@ class BaseFiles:
 
 def base_files(source: str) -> BaseFiles:
     """The base's files, resolved the way the loader resolves them (presets, directories, hub cache)."""
-    if source in RANDOM_PRESETS:
-        preset = RANDOM_PRESETS[source]
-        return BaseFiles(preset.lm_kwargs(), dict(preset.lm_gen_config), None, preset.mimi_config, preset.tokenizer)
-    if source in DIRECTORY_PRESETS:
-        layout = loader._read_layout_dir(DIRECTORY_PRESETS[source])
-    elif Path(source).expanduser().is_dir():
-        layout = loader._read_layout_dir(Path(source).expanduser())
-    else:  # a hub repo: training loaded it, so its files are in the local cache
-        layout = loader._read_layout_hub(source, loader._HubOptions(None, True, None))
-    return BaseFiles(dict(layout.lm_config), dict(layout.lm_gen_config), layout.mimi_weights, layout.mimi_config,
-                     layout.tokenizer)
+    resolved = loader.resolve_source(source, local_files_only=True)  # training loaded it: it is on disk
+    if isinstance(resolved, RandomPreset):
+        return BaseFiles(resolved.lm_kwargs(), dict(resolved.lm_gen_config), None, resolved.mimi_config,
+                         resolved.tokenizer)
+    lm_config, _ = loader._split_lora(resolved)  # a LoRA base is exported merged: plain weights
+    return BaseFiles(lm_config, dict(resolved.lm_gen_config), Path(resolved.mimi_weights), resolved.mimi_config,
+                     Path(resolved.tokenizer))
 
 
 def export(run_dir: Path, device: str | torch.device = "auto") -> Path:

@@ -1,0 +1,70 @@
+"""Silero VAD (the model faster-whisper ships) run as a stream, and the silence rule that ends a
+turn where the ASR has no end-of-turn model of its own."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kame.asr.resample import Resampler24to16
+
+RATE = 16000
+VAD_CHUNK = 512  # Silero's window at 16 kHz (32 ms)
+VAD_CONTEXT = 64
+
+
+def silero_session():
+    """The ONNX session of faster-whisper's Silero VAD (one per engine; streams keep their own state)."""
+    from faster_whisper.vad import get_vad_model
+
+    return get_vad_model().session
+
+
+class StreamingVad:
+    """Silero VAD with its recurrent state carried from chunk to chunk."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+        self.state_h = np.zeros((1, 1, 128), dtype=np.float32)
+        self.state_c = np.zeros((1, 1, 128), dtype=np.float32)
+        self.context = np.zeros(VAD_CONTEXT, dtype=np.float32)
+
+    def __call__(self, chunk: np.ndarray) -> float:
+        batch = np.concatenate([self.context, chunk])[None, :]
+        self.context = chunk[-VAD_CONTEXT:]
+        out, self.state_h, self.state_c = self.session.run(
+            None, {"input": batch, "h": self.state_h, "c": self.state_c})
+        return float(np.asarray(out).reshape(-1)[0])
+
+
+class SilenceEndOfTurn:
+    """An end-of-turn signal from silence, one 80 ms frame of 24 kHz audio at a time: 1.0 once speech
+    was heard and then `silence_frames` frames without it, else 0.0 (what an end-of-turn head would
+    say, with a pause for a turn's end)."""
+
+    def __init__(self, session, silence_frames: int, threshold: float = 0.5) -> None:
+        self.silence_frames, self.threshold = silence_frames, threshold
+        self._vad = StreamingVad(session)
+        self._resample = Resampler24to16()
+        self._pending = np.zeros(0, dtype=np.float32)
+        self._heard_speech = False
+        self._quiet = 0  # frames since the last one with speech
+
+    @staticmethod
+    def frames_for(min_silence_s: float, delay_s: float, frame_rate: float) -> int:
+        """The pause that ends a turn, in frames: `min_silence_s`, and at least the ASR's delay, so
+        that the words said before the pause have come out of a delayed-streams model first."""
+        return max(math.ceil(min_silence_s * frame_rate), math.ceil(delay_s * frame_rate) + 1)
+
+    def __call__(self, frame: np.ndarray) -> float:
+        self._pending = np.concatenate([self._pending, self._resample(frame)])
+        speech = False
+        while len(self._pending) >= VAD_CHUNK:
+            chunk, self._pending = self._pending[:VAD_CHUNK], self._pending[VAD_CHUNK:]
+            speech |= self._vad(chunk) >= self.threshold
+        if speech:
+            self._heard_speech, self._quiet = True, 0
+        else:
+            self._quiet += 1
+        return 1.0 if self._heard_speech and self._quiet >= self.silence_frames else 0.0

@@ -1,0 +1,299 @@
+"""The checkpoints users point at, in the layouts of the public repos (kame.testing.hub_layouts):
+each loads to exactly the model that the same weights in this project's own layout give, and
+where moshi's own loader can read it, to exactly what moshi's loader gives."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from moshi.models import loaders
+from moshi.models.loaders import CheckpointInfo
+
+from kame.asr import FinalTranscript
+from kame.asr.kyutai_stt import KyutaiSttAsr, SttOptions
+from kame.asr.transcribe import transcribe_pcm
+from kame.audio import FRAME_SIZE, read_audio
+from kame.errors import FrontendLoadError
+from kame.frontend.checkpoint import HubOptions, resolve_repo
+from kame.frontend.engine import BatchedEngine
+from kame.frontend.loader import inspect_source, load_frontend
+from kame.frontend.oracle import OracleUpdate
+from kame.frontend.weights import apply_load_hooks, check_against, read_header
+from kame.testing import hub_layouts as hub
+from kame.testing.hub_layouts import (
+    KAME_REPO,
+    MOSHIKO_REPO,
+    TINY_STT_LM_CONFIG,
+    hf_cache_repo,
+    kame_repo,
+    kyutai_moshi_repo,
+    kyutai_stt_repo,
+    own_layout,
+    random_weights,
+)
+
+QUESTION = Path(__file__).parent / "fixtures" / "question.wav"
+FRAMES = 20
+
+
+@pytest.fixture(scope="module")
+def speech() -> list[np.ndarray]:
+    pcm = read_audio(QUESTION)
+    return [pcm[i * FRAME_SIZE:(i + 1) * FRAME_SIZE] for i in range(FRAMES)]
+
+
+@pytest.fixture(scope="module")
+def moshi_weights():
+    return random_weights(hub.TINY_LM_CONFIG, seed=3)
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory, moshi_weights):
+    """Kyutai's Moshi repo (fused bf16), KAME repos (split fp32 + oracle, hf:// and file:// names), the
+    same weights in our layout, and a hub cache holding the Kyutai and KAME repos."""
+    root = tmp_path_factory.mktemp("layouts")
+    oracle = torch.randn(moshi_weights.lm_config["text_card"] + 1, moshi_weights.lm_config["dim"],
+                         generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    kyutai = kyutai_moshi_repo(root / "kyutai", moshi_weights)
+    cache = root / "hub"
+    hf_cache_repo(cache, MOSHIKO_REPO, kyutai)
+    from_hub = f"hf://{MOSHIKO_REPO}/"
+    kame_repo(root / "kame-hf", moshi_weights, oracle, mimi=from_hub + loaders.MIMI_NAME,
+              tokenizer=from_hub + loaders.TEXT_TOKENIZER_NAME, mimi_config=from_hub + "mimi_config.json")
+    hf_cache_repo(cache, KAME_REPO, root / "kame-hf")
+    local = f"file://{kyutai}/"
+    kame_file = kame_repo(root / "kame-file", moshi_weights, oracle, mimi=local + loaders.MIMI_NAME,
+                          tokenizer=local + loaders.TEXT_TOKENIZER_NAME, mimi_config=local + "mimi_config.json")
+    return {"kyutai": kyutai, "kame-file": kame_file, "cache": cache,
+            "own": own_layout(root / "own", moshi_weights, oracle),
+            "own-plain": own_layout(root / "own-plain", moshi_weights, None)}
+
+
+@pytest.fixture
+def offline_cache(layouts, monkeypatch):
+    """huggingface_hub (and so moshi's hf_get) reading the fixture cache, offline, as HF_HUB_OFFLINE=1 does."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(layouts["cache"]))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return layouts["cache"]
+
+
+def run_engine(frontend, frames) -> tuple[list, np.ndarray]:
+    engine = BatchedEngine(frontend, 1)
+    try:
+        slot = engine.acquire()
+        engine.push_oracle(slot, OracleUpdate.reset(0, tuple(range(10, 40))))
+        outputs = [engine.step({slot: frame})[0] for frame in frames]
+    finally:
+        engine.close()
+    return [o.text_token for o in outputs], np.stack([o.pcm for o in outputs])
+
+
+def same_outputs(a, b) -> None:
+    assert a[0] == b[0]
+    np.testing.assert_array_equal(a[1], b[1])
+
+
+def test_kyutai_fused_attention_loads_as_the_split_model(layouts, speech):
+    kyutai = load_frontend(str(layouts["kyutai"]), "cpu")
+    own = load_frontend(str(layouts["own-plain"]), "cpu")
+    for key, value in own.lm.state_dict().items():
+        torch.testing.assert_close(kyutai.lm.state_dict()[key], value, rtol=0, atol=0, msg=key)
+    tokens, pcm = run_engine(kyutai, speech)
+    same_outputs((tokens, pcm), run_engine(own, speech))
+    assert any(t is not None for t in tokens) and np.abs(pcm).max() > 0
+
+
+def test_kyutai_repo_through_the_cache_equals_moshis_own_loader(offline_cache, layouts):
+    """The repo-id path with HF_HUB_OFFLINE=1 reads the hub cache, and gives moshi's own model."""
+    ours = load_frontend(MOSHIKO_REPO, "cpu")
+    reference = CheckpointInfo.from_hf_repo(MOSHIKO_REPO).get_moshi(device="cpu", dtype=torch.float32)
+    for key, value in reference.state_dict().items():
+        torch.testing.assert_close(ours.lm.state_dict()[key], value, rtol=0, atol=0, msg=key)
+    torch.testing.assert_close(ours.oracle_emb.weight, reference.text_emb.weight, rtol=0, atol=0)
+
+
+def test_hf_names_resolve_into_another_repo_as_moshi_resolves_them(offline_cache, layouts, speech):
+    ours = resolve_repo(KAME_REPO, HubOptions(local_files_only=True))
+    moshis = CheckpointInfo.from_hf_repo(KAME_REPO)
+    for field in ("moshi_weights", "mimi_weights", "tokenizer", "lora_weights"):
+        assert getattr(ours, field) == getattr(moshis, field), field
+    for field in ("lm_config", "raw_config", "mimi_config", "model_type", "lm_gen_config", "stt_config",
+                  "tts_config", "model_id"):
+        assert getattr(ours, field) == getattr(moshis, field), field
+    assert "models--kyutai--moshiko-pytorch-bf16" in str(ours.mimi_weights)
+    kame = load_frontend(KAME_REPO, "cpu")
+    same_outputs(run_engine(kame, speech), run_engine(load_frontend(str(layouts["own"]), "cpu"), speech))
+
+
+def test_file_names_point_at_local_files(layouts, speech):
+    kame = load_frontend(str(layouts["kame-file"]), "cpu")
+    same_outputs(run_engine(kame, speech), run_engine(load_frontend(str(layouts["own"]), "cpu"), speech))
+
+
+def test_a_float32_kame_checkpoint_is_read_into_bf16(layouts, speech):
+    kame = load_frontend(str(layouts["kame-file"]), "cpu", dtype=torch.bfloat16)
+    own = load_frontend(str(layouts["own"]), "cpu", dtype=torch.bfloat16)
+    assert kame.lm.dtype == torch.bfloat16 and kame.oracle_emb.weight.dtype == torch.bfloat16
+    same_outputs(run_engine(kame, speech), run_engine(own, speech))
+
+
+def test_a_snapshot_without_config_is_moshi_7b(tmp_path):
+    """A folder of Kyutai's legacy layout (no config.json): moshi's default names and Moshi 7B's
+    architecture, its fused full-size header checked key by key (no weight read)."""
+    folder = tmp_path / "snapshot"
+    hub.sparse_safetensors(folder / loaders.MOSHI_NAME, hub.layout_shapes(None))
+    hub.sparse_safetensors(folder / loaders.MIMI_NAME, hub.mimi_shapes())
+    (folder / loaders.TEXT_TOKENIZER_NAME).write_bytes(hub.TOKENIZER.read_bytes())
+    report = inspect_source(str(folder))
+    assert report.info.lm_config is None and report.info.moshi_weights == folder / loaders.MOSHI_NAME
+    assert report.dim == 4096 and 7.6e9 < report.params < 7.8e9 and report.fused_attention == 32 + 6
+    assert not report.has_oracle and report.file_dtype == "bf16"
+
+
+def test_the_full_size_kame_header_checks_out(tmp_path):
+    """KAME's own layout at full size: split keys, float32, oracle_emb of text_card + 1 rows."""
+    shapes = hub.layout_shapes(None, torch.float32, fuse=False)
+    shapes[hub.ORACLE_KEY] = ((32001, 4096), torch.float32)
+    hub.sparse_safetensors(tmp_path / "model.safetensors", shapes)
+    header = read_header(tmp_path / "model.safetensors")
+    lm = loaders.get_moshi_lm(None, device="meta", dtype=torch.bfloat16)
+    check_against(lm, {k: v for k, v in header.items() if k != hub.ORACLE_KEY}, tmp_path / "model.safetensors")
+    assert sum(e.end - e.start for e in header.values()) > 30e9  # ~31 GB: the reported float32 size
+
+
+def test_quantized_scale_keys_are_split_with_their_weights():
+    """moshi's hook splits the `_scb` scales of an int8 (q8) checkpoint as it splits the weights."""
+    mha = torch.nn.Module()
+    mha.attn = hub.StreamingMultiheadAttention(16, 2, causal=True, context=4, weights_per_step=2, device="meta")
+    state = {"attn.in_proj_weight": torch.empty(2 * 48, 16, dtype=torch.int8, device="meta"),
+             "attn.in_proj_weight_scb": torch.empty(2 * 48, device="meta")}
+    apply_load_hooks(mha, state)
+    assert sorted(state) == ["attn.in_projs.0.weight", "attn.in_projs.0.weight_scb",
+                             "attn.in_projs.1.weight", "attn.in_projs.1.weight_scb"]
+    assert state["attn.in_projs.1.weight_scb"].shape == (48,)
+
+
+# ---------------------------------------------------------------- Kyutai STT
+
+
+@pytest.fixture(scope="module")
+def stt_layouts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stt")
+    with_heads = random_weights({**TINY_STT_LM_CONFIG, **hub.EOT_HEADS}, seed=7)
+    without = random_weights(TINY_STT_LM_CONFIG, seed=7)
+    return {"heads": kyutai_stt_repo(root / "stt-heads", with_heads),
+            "plain": kyutai_stt_repo(root / "stt-plain", without),
+            "own": own_layout(root / "own", without, None, {"model_type": "stt", "stt_config": hub.STT_CONFIG})}
+
+
+def transcribe(model: str, pcm: np.ndarray) -> tuple[KyutaiSttAsr, list]:
+    asr = KyutaiSttAsr(SttOptions(model=model, device="cpu", max_sessions=1))
+    try:
+        return asr, asyncio.run(transcribe_pcm(asr, pcm))
+    finally:
+        asr.close()
+
+
+def test_kyutai_stt_fused_checkpoint_transcribes_as_the_split_one(stt_layouts):
+    pcm = read_audio(QUESTION)
+    kyutai, events = transcribe(str(stt_layouts["plain"]), pcm)
+    _, own_events = transcribe(str(stt_layouts["own"]), pcm)
+    assert events and events == own_events
+
+
+def test_the_silence_prefix_rounds_up_to_whole_frames(stt_layouts):
+    """1.0 s of prefix is 13 frames, as Kyutai's scripts count it (math.ceil(1.0 * 12.5))."""
+    frames = 10
+    asr, _ = transcribe(str(stt_layouts["plain"]), np.zeros(frames * FRAME_SIZE, np.float32))
+    tail = math.ceil(hub.STT_CONFIG["audio_delay_seconds"] * 12.5) + 1
+    assert asr.runner.steps == 13 + frames + tail
+
+
+def test_no_end_of_turn_head_gives_finals_from_silence(stt_layouts, caplog):
+    """kyutai/stt-1b-en_fr has no end-of-turn head: a pause after speech still ends the utterance
+    (before any flush), and the start-up says so once, naming the checkpoint."""
+    speech = read_audio(QUESTION)
+    pause = np.zeros(int(2.0 * 24000), np.float32)
+    with caplog.at_level(logging.WARNING):
+        asr = KyutaiSttAsr(SttOptions(model=str(stt_layouts["plain"]), device="cpu", max_sessions=1))
+    warnings = [r.message for r in caplog.records if "end-of-turn" in r.message]
+    assert len(warnings) == 1 and str(stt_layouts["plain"]) in warnings[0]
+
+    async def scenario():
+        stream = asr.open_stream()
+        events = []
+
+        async def collect():
+            async for event in stream:
+                events.append(event)
+                if isinstance(event, FinalTranscript):
+                    return
+
+        task = asyncio.create_task(collect())
+        for start in range(0, len(speech) + len(pause), FRAME_SIZE):
+            stream.push_pcm(np.concatenate([speech, pause])[start:start + FRAME_SIZE])
+            await asyncio.sleep(0)
+        await asyncio.wait_for(task, 30)
+        await stream.aclose()
+        return events
+
+    try:
+        events = asyncio.run(scenario())
+    finally:
+        asr.close()
+    final = events[-1]
+    assert isinstance(final, FinalTranscript)
+    assert len(speech) / 24000 - 0.5 < final.end_s < len(speech) / 24000 + 1.8
+
+
+def test_an_end_of_turn_head_is_used_when_the_checkpoint_has_one(stt_layouts, caplog):
+    with caplog.at_level(logging.WARNING):
+        asr = KyutaiSttAsr(SttOptions(model=str(stt_layouts["heads"]), device="cpu", max_sessions=1))
+    asr.close()
+    assert asr.end_of_turn == "head" and not [r for r in caplog.records if "end-of-turn" in r.message]
+
+
+# ---------------------------------------------------------------- memory
+
+
+def test_loading_holds_one_float32_tensor_at_a_time(tmp_path):
+    """A float32 checkpoint read into bf16 peaks at about the bf16 model, not the float32 file plus it."""
+    config = {**hub.TINY_LM_CONFIG, "dim": 1024, "num_heads": 8, "num_layers": 8, "text_card": 4000}
+    weights = random_weights(config, seed=0, dtype=torch.float32)
+    own_layout(tmp_path / "big", weights, None)
+    size = (tmp_path / "big" / "model.safetensors").stat().st_size
+    assert size > 250e6
+    script = textwrap.dedent(f"""
+        import resource, torch
+        from kame.frontend.loader import load_frontend
+        load_frontend("tiny-copy", "cpu", dtype=torch.bfloat16)  # the one-off costs of a first load, paid
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        load_frontend({str(tmp_path / 'big')!r}, "cpu", dtype=torch.bfloat16)
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before)
+    """)
+    grew = int(subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
+               .stdout.split()[-1])
+    assert grew < size  # measured: 0.66 of the file (the bf16 model is 0.5); reading it whole first costs 1.55
+
+
+def test_truncated_and_foreign_files_are_clear_errors(layouts, tmp_path):
+    import shutil
+
+    folder = tmp_path / "cut"
+    shutil.copytree(layouts["own"], folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(FrontendLoadError, match="do not fit .* truncated download"):
+        load_frontend(str(folder), "cpu")
