@@ -5,8 +5,10 @@ where moshi's own loader can read it, to exactly what moshi's loader gives."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -289,11 +291,68 @@ def test_loading_holds_one_float32_tensor_at_a_time(tmp_path):
 
 
 def test_truncated_and_foreign_files_are_clear_errors(layouts, tmp_path):
-    import shutil
-
     folder = tmp_path / "cut"
     shutil.copytree(layouts["own"], folder)
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-100])
     with pytest.raises(FrontendLoadError, match="do not fit .* truncated download"):
         load_frontend(str(folder), "cpu")
+
+
+# ---------------------------------------------------------------- config keys
+
+
+def test_lora_name_is_merged_as_moshis_loader_merges_it(layouts, tmp_path):
+    """A base in Kyutai's layout plus LoRA adapters named by lora_name (moshi's LoRALinear keys)."""
+    from moshi.modules.lora import replace_all_linear_with_lora
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "lora"
+    shutil.copytree(layouts["kyutai"], folder)
+    lm = loaders.get_moshi_lm(folder / loaders.MOSHI_NAME, lm_kwargs=dict(hub.TINY_LM_CONFIG), device="cpu",
+                              dtype=torch.float32)
+    replace_all_linear_with_lora(lm, 4, 2.0)
+    with torch.no_grad():
+        adapters = {k: torch.randn_like(v) * 0.05 for k, v in lm.state_dict().items() if ".lora_" in k}
+    save_file(adapters, str(folder / "lora.safetensors"))
+    config = {**hub.TINY_LM_CONFIG, "mimi_config_name": "mimi_config.json", "lora": True, "lora_rank": 4,
+              "lora_scaling": 2.0, "lora_name": "lora.safetensors", "lm_gen_config": {"use_sampling": False}}
+    hub.write_config(folder, config)
+    ours = load_frontend(str(folder), "cpu").lm
+    kwargs = {k: v for k, v in config.items() if k not in ("mimi_config_name", "lora_name", "lm_gen_config")}
+    reference = loaders.get_moshi_lm(folder / loaders.MOSHI_NAME, lm_kwargs=kwargs,
+                                     lora_weights=folder / "lora.safetensors", fuse_lora=True, device="cpu",
+                                     dtype=torch.float32)
+    base = load_frontend(str(layouts["kyutai"]), "cpu").lm.state_dict()
+    for key, value in reference.state_dict().items():
+        torch.testing.assert_close(ours.state_dict()[key], value, msg=key)
+    assert not torch.equal(ours.state_dict()["text_linear.weight"], base["text_linear.weight"])  # it did merge
+
+
+def test_lora_without_its_weights_is_a_clear_error(layouts, tmp_path):
+    folder = tmp_path / "half-lora"
+    shutil.copytree(layouts["kyutai"], folder)
+    hub.write_config(folder, {**hub.TINY_LM_CONFIG, "mimi_config_name": "mimi_config.json", "lora": True})
+    with pytest.raises(FrontendLoadError, match="`lora` and `lora_name` go together"):
+        load_frontend(str(folder), "cpu")
+
+
+def test_model_type_and_unused_tables_are_honoured_or_said(layouts, tmp_path, caplog):
+    folder = tmp_path / "hibiki"
+    shutil.copytree(layouts["kyutai"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    hub.write_config(folder, {**config, "model_type": "hibiki", "tts_config": {"multistream": False},
+                              "stt_config": dict(hub.STT_CONFIG)})
+    with caplog.at_level(logging.INFO, logger="kame"):
+        frontend = load_frontend(str(folder), "cpu")
+    emb = frontend.lm.text_emb.weight
+    assert frontend.model_type == "hibiki" and torch.equal(emb[2], emb[3])  # moshi's get_moshi does the same
+    said = [r.message for r in caplog.records if r.message.startswith("config.json:")]
+    assert any(m.startswith("config.json: tts_config ignored") for m in said)
+    assert any(m.startswith("config.json: stt_config ignored") for m in said)
+    assert not any("lm_gen_config" in m for m in said)  # the front-end uses it
+
+
+def test_a_speech_to_text_model_is_refused_as_the_front_end(stt_layouts):
+    with pytest.raises(FrontendLoadError, match="is a speech-to-text model .* --asr kyutai-stt"):
+        load_frontend(str(stt_layouts["plain"]), "cpu")
