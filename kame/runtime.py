@@ -209,11 +209,26 @@ def log_index_stats(stats, why: str) -> None:
         logger.warning("knowledge base: cannot index %s", failure)
 
 
+def default_frontend_and_reason(frontend: str | None, cuda: bool) -> tuple[str, str]:
+    """The front-end `kame serve` loads, and why (for its log line and `kame doctor`)."""
+    if frontend:
+        return frontend, "chosen in the settings"
+    why = ("a GPU is present" if cuda
+           else "no GPU: the offline demo; real weights: --frontend SakanaAI/kame --device cuda")
+    return RuntimeSettings().resolved_frontend(cuda), f"no --frontend given: {why}"
+
+
+def default_asr_and_reason(asr: str | None, cuda: bool) -> tuple[str, str]:
+    """The ASR engine `kame serve` starts, and why."""
+    if asr:
+        return asr, "chosen in the settings"
+    return RuntimeSettings().resolved_asr(cuda), f"no --asr given: {'a GPU is present' if cuda else 'no GPU'}"
+
+
 def log_default_frontend(cuda: bool) -> str:
     """No front-end was named: SakanaAI/kame with a GPU, the offline demo without; say which and why."""
-    source = RuntimeSettings().resolved_frontend(cuda)
-    logger.info("no --frontend given: %s (%s)", source, "a GPU is present" if cuda else
-                "no GPU: the offline demo; real weights: --frontend SakanaAI/kame --device cuda")
+    source, why = default_frontend_and_reason(None, cuda)
+    logger.info("%s (%s)", source, why)
     return source
 
 

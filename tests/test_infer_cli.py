@@ -129,4 +129,4 @@ def test_infer_without_a_frontend_picks_what_kame_serve_picks(question_wav, tmp_
     caplog.set_level("INFO", logger="kame.runtime")
     code = main(["infer", "--input", str(question_wav), "--output", str(tmp_path / "a.wav"), "--oracle", "hello there"])
     assert code == 0 and "hello there" in capsys.readouterr().out  # tiny-copy repeats its oracle
-    assert any("no --frontend given: tiny-copy" in r.getMessage() for r in caplog.records)
+    assert any("tiny-copy (no --frontend given: no GPU" in r.getMessage() for r in caplog.records)

@@ -54,7 +54,7 @@ def bundled_gguf() -> Path:
     return path
 
 
-def _resolve(model: str) -> tuple[str, str | None]:
+def resolve_model(model: str) -> tuple[str, str | None]:
     """(directory or repo, gguf file name or None)."""
     if model == BUNDLED:
         path = bundled_gguf()
@@ -152,7 +152,7 @@ class EmbeddedLLM:
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-        location, gguf = _resolve(self.options.model)
+        location, gguf = resolve_model(self.options.model)
         kwargs = {"gguf_file": gguf} if gguf else {}
         self.tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
         self.model = AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32, **kwargs).eval()

@@ -28,8 +28,8 @@ from kame.errors import FrontendLoadError
 logger = logging.getLogger(__name__)
 
 OFFLINE_HINT = (
-    "To run without the hub, pass a local directory in the same layout, or the offline demo "
-    "preset `--frontend tiny-copy`."
+    "To run without the hub, pass a local directory in the same layout; or the offline defaults: the demo "
+    "front-end `--frontend tiny-copy`, the bundled Whisper `--asr whisper`."
 )
 # config.json keys that moshi's CheckpointInfo takes out (the rest are LMModel kwargs), with their defaults
 NAME_KEYS = {"moshi_name": loaders.MOSHI_NAME, "mimi_name": loaders.MIMI_NAME,

@@ -55,7 +55,9 @@ Script = Callable[[dict], ScriptedReply]
 
 class ScriptedOpenAIServer:
     def __init__(self, replies: list[ScriptedReply] | Script | None = None,
-                 default: ScriptedReply = ScriptedReply()) -> None:
+                 default: ScriptedReply = ScriptedReply(), list_models: bool = True) -> None:
+        """`list_models`: also serve GET /v1/models (as vLLM, llama.cpp, Ollama and OpenAI do)."""
+        self.list_models = list_models
         if callable(replies):
             self._script: Script = replies
         else:
@@ -76,12 +78,18 @@ class ScriptedOpenAIServer:
     async def start(self) -> str:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._completions)
+        if self.list_models:
+            app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
         return self.base_url
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self.headers.append(dict(request.headers))
+        return web.json_response({"object": "list", "data": [{"id": "scripted", "object": "model"}]})
 
     async def stop(self) -> None:
         if self._runner is not None:
