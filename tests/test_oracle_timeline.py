@@ -93,6 +93,9 @@ class _BytePieces:
     def id_to_piece(self, token: int) -> str:
         return self.pieces[token]
 
+    def vocab_size(self) -> int:
+        return 9
+
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError
 
@@ -106,6 +109,7 @@ def test_byte_pieces_come_out_as_whole_characters():
     assert "".join(out) == " café ok€!"
     broken = PieceDecoder(_BytePieces())
     assert [broken.push(t) for t in (5, 4)] == ["", "\ufffd ok"]  # a character cut short is marked, not lost
+    assert [decoder.push(t) for t in (9, 12000, -1, 4)] == ["", "", "", " ok"]  # ids the tokenizer lacks
 
 
 def test_oracle_stream_clears_the_tail_of_a_longer_earlier_oracle():

@@ -82,15 +82,19 @@ class SttBatch:
         free = [s for s in range(self.batch_size) if s not in self._active]
         if not free:
             raise EngineError(f"all {self.batch_size} ASR slots are in use")
+        self.reset_slot(free[0])
+        self._active.add(free[0])
+        return free[0]
+
+    def reset_slot(self, slot: int) -> None:
+        """A clean start for the slot: on acquire, and after a failed step (the runner calls it)."""
         mask = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
-        mask[free[0]] = True
+        mask[slot] = True
         self.model.mimi.reset_streaming(mask)
         self.lm_gen.reset_streaming(mask)
-        self._active.add(free[0])
-        self._frames[free[0]] = 0
+        self._frames[slot] = 0
         if self._pause_rule is not None:
-            self._pauses[free[0]] = self._pause_rule()
-        return free[0]
+            self._pauses[slot] = self._pause_rule()
 
     def release(self, slot: int) -> None:
         self._active.discard(slot)
@@ -244,12 +248,14 @@ class KyutaiSttStream:
     def _on_output(self, out: SttFrame) -> None:
         self._frames_out += 1
         now = self._audio_time(out.frame + 1)
-        if out.text_token is not None:
-            self._word_piece(out, now)
-        if self._words and out.end_of_turn >= self.asr.options.eot_threshold:
-            self._final(now)
-        if self._flushed is not None and self._frames_out >= self._flush_until:
-            self._flushed.set()
+        try:
+            if out.text_token is not None:
+                self._word_piece(out, now)
+            if self._words and out.end_of_turn >= self.asr.options.eot_threshold:
+                self._final(now)
+        finally:  # a flush waits for this frame whatever became of it
+            if self._flushed is not None and self._frames_out >= self._flush_until:
+                self._flushed.set()
 
     def _word_piece(self, out: SttFrame, now: float) -> None:
         piece = self._pieces.push(out.text_token)

@@ -88,6 +88,8 @@ class TextTokenizer(Protocol):
 
     def id_to_piece(self, token: int) -> str: ...
 
+    def vocab_size(self) -> int: ...
+
 
 def tokenize_words(tokenizer: TextTokenizer, text: str) -> list[int]:
     """Tokenise `text` one whole word at a time, as the oracle was trained on.
@@ -117,10 +119,14 @@ class PieceDecoder:
 
     def __init__(self, tokenizer: TextTokenizer) -> None:
         self.tokenizer = tokenizer
+        self._pieces = tokenizer.vocab_size()
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def push(self, token: int) -> str:
-        """The text this token completes ("" while a character is still incomplete)."""
+        """The text this token completes ("" while a character is still incomplete, or for an id the
+        tokenizer does not have: the loader lets a model's text vocabulary be larger than its tokenizer's)."""
+        if not 0 <= token < self._pieces:
+            return ""
         piece = self.tokenizer.id_to_piece(token)
         if byte := _BYTE_PIECE.fullmatch(piece):
             return self._utf8.decode(bytes([int(byte.group(1), 16)]))
