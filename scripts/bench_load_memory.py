@@ -25,9 +25,10 @@ CONFIG_OVERRIDES = {"dim": 2048, "num_heads": 16, "num_layers": 6, "text_card": 
                     "hidden_scale": 4.125, "context": 500}
 
 MEASURE = textwrap.dedent("""
-    import json, resource, sys, time, torch
+    import json, sys, time, torch
     kind, folder = sys.argv[1], sys.argv[2]
-    peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # VmHWM: this process's peak since its exec (ru_maxrss would start at the parent's, inherited)
+    peak = lambda: int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024
     from kame.frontend.loader import load_frontend
     load_frontend("tiny-copy", "cpu", dtype=torch.bfloat16)
     if kind == "moshi":

@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import math
-import resource
 import statistics
 import subprocess
 import sys
@@ -40,7 +39,8 @@ ORACLE = tuple(range(10, 50))
 
 
 def peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+    """This process's peak RSS since its exec (VmHWM; ru_maxrss would start at the parent's)."""
+    return int(Path("/proc/self/status").read_text().split("VmHWM:")[1].split()[0]) * 1024 / 1e9
 
 
 def fill_random_(module: torch.nn.Module, seed: int) -> None:

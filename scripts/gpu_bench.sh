@@ -4,8 +4,13 @@
 #  2. the same in int8 (--quantize int8, bitsandbytes), batch 1/8/32: memory, step time, sessions that fit;
 #  3. the whole server under load: kame serve on that model, N real-time sessions (1, 8, 32, 64);
 #  4. with two GPUs: two replicas behind kame serve --ray, the same load;
-#  5. a training smoke run: LoRA on moshi-7b-random for a few steps (scripts/bench_train.py).
-# Writes $OUT (default ./gpu-bench)/{frontend.json, frontend-int8.json, fit.md, load.json, train.json, report.md}.
+#  5. a training smoke run: LoRA on moshi-7b-random for a few steps (scripts/bench_train.py);
+#  6. where the Hugging Face hub answers: the real checkpoints (SakanaAI/kame, kyutai/stt-1b-en_fr) as a
+#     user gets them: `kame doctor`, the load time of `kame serve --device cuda`, and one spoken question
+#     end to end (the first assistant text, the transcript, the oracle and its lead). The LLM is the
+#     openai profile when OPENAI_API_KEY is set, else $KAME_GPU_LLM (default: embedded). Skipped offline.
+# Writes $OUT (default ./gpu-bench)/{frontend.json, frontend-int8.json, fit.md, load.json, train.json,
+# real/*, report.md}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-bench}
@@ -68,6 +73,46 @@ fi
 timeout 420 python scripts/bench_train.py --frontend moshi-7b-random --lora-rank 16 --steps 12 --chunk 512 \
     --device cuda --json-out "$OUT/train.json" 2>"$OUT/train.log" | tee "$OUT/train.md" || true
 
+# the real checkpoints, where the hub answers (a lent benchmark machine has no network: skipped there)
+if python -c "import sys; from kame.frontend.checkpoint import hub_reachable; sys.exit(not hub_reachable(None))"; then
+    mkdir -p "$OUT/real"
+    LLM=${KAME_GPU_LLM:-$([ -n "${OPENAI_API_KEY:-}" ] && echo openai || echo embedded)}
+    kame doctor --device cuda --llm "$LLM" | tee "$OUT/real/doctor.txt" || true
+    started=$(date +%s.%N)
+    kame serve --device cuda --llm "$LLM" --port $PORT >"$OUT/real/serve.log" 2>&1 &
+    REALSERVER=$!
+    for _ in $(seq 1800); do  # downloads included: up to 30 min
+        curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break
+        kill -0 $REALSERVER 2>/dev/null || break
+        sleep 1
+    done
+    echo "ready after $(python -c "import time; print(round(time.time() - $started, 1))") s (downloads included)" \
+        | tee "$OUT/real/load.txt"
+    timeout 120 kame client --url "ws://127.0.0.1:$PORT/api/chat" --input tests/fixtures/question.wav \
+        --output "$OUT/real/answer.wav" --tail 8 --json >"$OUT/real/client.jsonl" || true
+    kill -INT $REALSERVER 2>/dev/null; wait $REALSERVER || true
+    python - "$OUT/real/client.jsonl" >"$OUT/real/summary.md" <<'PY' || true
+import json, sys, wave
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+with wave.open("tests/fixtures/question.wav") as w:
+    spoken = w.getnframes() / w.getframerate()
+events = [(r["t"], r["event"]) for r in rows if r.get("type") == "event"]
+texts = [r["t"] for r in rows if r.get("type") == "text"]
+finals = [e["text"] for _, e in events if e.get("type") == "transcript" and e.get("final")]
+oracle = [f"{t:.2f} s {e['op']}: {e['text']}" for t, e in events if e.get("type") == "oracle"]
+leads = [e["lead_s"] for _, e in events if e.get("type") == "oracle_lead"]
+after = [t - spoken for t in texts if t >= spoken]
+summary = next((r for r in rows if r.get("type") == "summary"), {})
+print(f"- question: {spoken:.2f} s of speech (tests/fixtures/question.wav)")
+print(f"- first assistant text after the question ended: {after[0]:.2f} s" if after else "- no assistant text after the question")
+print(f"- final transcript: {finals}")
+print(f"- oracle lead: {leads}")
+print("- oracle: " + "; ".join(oracle[:8]))
+print(f"- assistant said: {summary.get('assistant_text', '')!r}")
+PY
+    cat "$OUT/real/summary.md"
+fi
+
 {
   echo "# GPU benchmark ($(cat "$OUT/gpu.txt"))"
   echo; echo "## GPU tests"; echo; tail -3 "$OUT/gpu-tests.txt"
@@ -77,6 +122,10 @@ timeout 420 python scripts/bench_train.py --frontend moshi-7b-random --lora-rank
   echo; echo "## Server under load"; echo; grep -E '^\||^largest' "$OUT/load.md"
   if [ -f "$OUT/load-ray.md" ]; then
     echo; echo "## Two replicas behind Ray Serve"; echo; grep -E '^\||^largest' "$OUT/load-ray.md"
+  fi
+  if [ -f "$OUT/real/summary.md" ]; then
+    echo; echo "## Real checkpoints (SakanaAI/kame, kyutai/stt-1b-en_fr)"; echo
+    cat "$OUT/real/load.txt"; echo; cat "$OUT/real/summary.md"; echo; echo '```'; cat "$OUT/real/doctor.txt"; echo '```'
   fi
   if [ -f "$OUT/train.json" ]; then
     echo; echo "## Training smoke (LoRA r16, moshi-7b-random, random tokens)"; echo; echo '```'; cat "$OUT/train.json"; echo '```'

@@ -47,3 +47,18 @@ def test_an_int8_frontend_steps_on_cuda(rng):
         engine.close()
     pcm = np.stack([o.pcm for step in outputs for o in step])
     assert np.isfinite(pcm).all() and np.abs(pcm).max() > 0
+
+
+def test_a_kyutai_layout_checkpoint_loads_onto_the_gpu_tensor_by_tensor(tmp_path):
+    """Fused bf16 keys read straight onto CUDA: the same weights as on the CPU, the peak about the model."""
+    from kame.testing.hub_layouts import TINY_LM_CONFIG, kyutai_moshi_repo, random_weights
+
+    folder = kyutai_moshi_repo(tmp_path / "kyutai", random_weights(TINY_LM_CONFIG, seed=3))
+    cpu = load_frontend(str(folder), "cpu", dtype=torch.bfloat16)
+    torch.cuda.reset_peak_memory_stats()
+    gpu = load_frontend(str(folder), "cuda")
+    assert gpu.lm.dtype == torch.bfloat16 and gpu.oracle_emb.weight.is_cuda
+    for key, value in cpu.lm.state_dict().items():
+        assert torch.equal(gpu.lm.state_dict()[key].cpu(), value), key
+    model_bytes = sum(p.numel() * p.element_size() for p in gpu.lm.parameters())
+    assert torch.cuda.max_memory_allocated() < 1.5 * model_bytes + 64 * 2**20  # + Mimi and the oracle table
