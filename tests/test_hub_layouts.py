@@ -23,6 +23,7 @@ from moshi.models.loaders import CheckpointInfo
 from kame.asr import FinalTranscript
 from kame.asr.kyutai_stt import KyutaiSttAsr, SttOptions
 from kame.asr.transcribe import transcribe_pcm
+from kame.asr.vad import SilenceEndOfTurn
 from kame.audio import FRAME_SIZE, read_audio
 from kame.errors import FrontendLoadError
 from kame.frontend.checkpoint import HubOptions, resolve_repo
@@ -164,6 +165,30 @@ def test_a_snapshot_without_config_is_moshi_7b(tmp_path):
     assert not report.has_oracle and report.file_dtype == "bf16"
 
 
+@pytest.mark.parametrize("marker", [True, False], ids=["no_exist-marker", "snapshot-only"])
+def test_a_cached_repo_without_config_is_moshi_7b_offline(tmp_path, monkeypatch, marker):
+    """kyutai/moshiko-pytorch-bf16 has no config.json. Offline, from the hub cache: after a download
+    that found none (huggingface_hub's .no_exist marker) or a snapshot of its files alone."""
+    from huggingface_hub import constants
+
+    files = tmp_path / "files"
+    hub.sparse_safetensors(files / loaders.MOSHI_NAME, hub.layout_shapes(None))
+    hub.sparse_safetensors(files / loaders.MIMI_NAME, hub.mimi_shapes())
+    (files / loaders.TEXT_TOKENIZER_NAME).write_bytes(hub.TOKENIZER.read_bytes())
+    snapshot = hf_cache_repo(tmp_path / "cache", MOSHIKO_REPO, files)
+    if marker:
+        no_exist = snapshot.parent.parent / ".no_exist" / snapshot.name
+        no_exist.mkdir(parents=True)
+        (no_exist / "config.json").touch()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    report = inspect_source(MOSHIKO_REPO, local_files_only=None)
+    assert report.info.lm_config is None and report.dim == 4096 and report.fused_attention == 38
+    assert report.info.moshi_weights == snapshot / loaders.MOSHI_NAME
+    with pytest.raises(FrontendLoadError, match="not in the local cache"):  # and a repo not there at all
+        inspect_source("kyutai/not-downloaded", local_files_only=None)
+
+
 def test_the_full_size_kame_header_checks_out(tmp_path):
     """KAME's own layout at full size: split keys, float32, oracle_emb of text_card + 1 rows."""
     shapes = hub.layout_shapes(None, torch.float32, fuse=False)
@@ -223,41 +248,83 @@ def test_the_silence_prefix_rounds_up_to_whole_frames(stt_layouts):
     assert asr.runner.steps == 13 + frames + tail
 
 
-def test_no_end_of_turn_head_gives_finals_from_silence(stt_layouts, caplog):
-    """kyutai/stt-1b-en_fr has no end-of-turn head: a pause after speech still ends the utterance
-    (before any flush), and the start-up says so once, naming the checkpoint."""
+def test_no_end_of_turn_head_ends_turns_on_a_pause(stt_layouts, caplog):
+    """Kyutai STT's layout without an end-of-turn head: the start-up says so once, naming the
+    checkpoint, and the engine's end-of-turn signal comes from the pause after the speech (Silero VAD
+    on the input), at the frame the rule sets, not during the speech."""
     speech = read_audio(QUESTION)
-    pause = np.zeros(int(2.0 * 24000), np.float32)
+    pcm = np.concatenate([speech, np.zeros(int(2.0 * 24000), np.float32)])
     with caplog.at_level(logging.WARNING):
         asr = KyutaiSttAsr(SttOptions(model=str(stt_layouts["plain"]), device="cpu", max_sessions=1))
     warnings = [r.message for r in caplog.records if "end-of-turn" in r.message]
-    assert len(warnings) == 1 and str(stt_layouts["plain"]) in warnings[0]
-
-    async def scenario():
-        stream = asr.open_stream()
-        events = []
-
-        async def collect():
-            async for event in stream:
-                events.append(event)
-                if isinstance(event, FinalTranscript):
-                    return
-
-        task = asyncio.create_task(collect())
-        for start in range(0, len(speech) + len(pause), FRAME_SIZE):
-            stream.push_pcm(np.concatenate([speech, pause])[start:start + FRAME_SIZE])
-            await asyncio.sleep(0)
-        await asyncio.wait_for(task, 30)
-        await stream.aclose()
-        return events
-
+    assert len(warnings) == 1 and str(stt_layouts["plain"]) in warnings[0] and asr.end_of_turn == "pause"
+    outputs = []
+    step = asr.batch.step
+    asr.batch.step = lambda frames, timings=None: outputs.extend(step(frames, timings)) or outputs[-len(frames):]
     try:
-        events = asyncio.run(scenario())
+        asyncio.run(transcribe_pcm(asr, pcm))
     finally:
         asr.close()
-    final = events[-1]
-    assert isinstance(final, FinalTranscript)
-    assert len(speech) / 24000 - 0.5 < final.end_s < len(speech) / 24000 + 1.8
+    ended = [o.frame for o in outputs if o.end_of_turn == 1.0]
+    level = [np.sqrt(np.mean(speech[i:i + FRAME_SIZE] ** 2)) for i in range(0, len(speech), FRAME_SIZE)]
+    spoken = 1 + max(i for i, rms in enumerate(level) if rms > 10 ** (-45 / 20))  # the file ends in silence
+    speech_end = asr.prefix_frames + spoken  # the engine's frame after the last word
+    pause = SilenceEndOfTurn.frames_for(0.6, hub.STT_CONFIG["audio_delay_seconds"], 12.5)
+    assert ended and speech_end + pause - 1 <= ended[0] <= speech_end + pause + 2
+    assert ended == list(range(ended[0], ended[0] + len(ended)))  # then on until speech comes again
+
+
+class _ScriptedVad:
+    """Silero's ONNX session, stood in: a chunk is speech when it is loud."""
+
+    def run(self, _outputs, feeds):
+        loud = float(np.abs(feeds["input"][0, 64:]).mean()) > 0.05
+        return np.array([[0.9 if loud else 0.1]], np.float32), feeds["h"], feeds["c"]
+
+
+def test_the_pause_rule_waits_for_speech_then_for_the_pause():
+    rule = SilenceEndOfTurn(_ScriptedVad(), silence_frames=5)
+    loud = (np.random.default_rng(0).standard_normal(FRAME_SIZE) * 0.3).astype(np.float32)
+    quiet = np.zeros(FRAME_SIZE, np.float32)
+    signal = [rule(f) for f in [quiet] * 8 + [loud] * 4 + [quiet] * 8 + [loud] + [quiet] * 2]
+    assert signal[:12] == [0.0] * 12  # silence before any speech is no turn's end
+    first = signal.index(1.0)
+    assert 12 + 4 <= first <= 12 + 6 and signal[first:20] == [1.0] * (20 - first)
+    assert signal[20:] == [0.0] * 3  # speech again: the next pause is waited for
+
+
+def test_a_turn_ends_on_a_frame_without_text_and_only_once(stt_layouts):
+    """The stream's side: pieces of a word on frames in a row stay together, the end of turn waits for
+    a frame without text, and a pause that goes on does not end an empty turn again."""
+    from types import SimpleNamespace
+
+    import sentencepiece
+
+    from kame.asr.kyutai_stt import KyutaiSttStream, SttFrame
+
+    tokenizer = sentencepiece.SentencePieceProcessor(model_file=str(hub.TOKENIZER))
+    he, ll, o, wo, n = tokenizer.encode("hello won")[:5]
+
+    class Runner:
+        async def acquire_async(self, on_output, on_error):
+            return SimpleNamespace(push_frame=lambda frame: None, release=lambda: None, dropped_frames=0)
+
+    asr = SimpleNamespace(options=SttOptions(), model=SimpleNamespace(tokenizer=tokenizer), prefix_frames=13,
+                          delay_s=0.5, runner=Runner())
+    frames = [(he, 0.0), (ll, 0.0), (o, 0.0), (None, 0.0), (wo, 1.0), (n, 1.0), (None, 1.0), (None, 1.0)]
+
+    async def scenario():
+        stream = KyutaiSttStream(asr)
+        for index, (token, end) in enumerate(frames):
+            stream._on_output(SttFrame(0, 20 + index, token, end))
+        await stream.aclose()
+        return [event async for event in stream]
+
+    events = asyncio.run(scenario())
+    finals = [e.text for e in events if isinstance(e, FinalTranscript)]
+    assert finals == ["hello won"]
+    assert [e.text for e in events if not isinstance(e, FinalTranscript)] == ["he", "hell", "hello", "hello wo",
+                                                                             "hello won"]
 
 
 def test_an_end_of_turn_head_is_used_when_the_checkpoint_has_one(stt_layouts, caplog):
@@ -280,12 +347,11 @@ def test_loading_holds_one_float32_tensor_at_a_time(tmp_path):
     script = textwrap.dedent(f"""
         import torch
         from kame.frontend.loader import load_frontend
-        # VmHWM: the peak since this process's exec (ru_maxrss starts at pytest's own, inherited)
-        peak = lambda: int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024
+        from kame.testing.memory import peak_rss_bytes
         load_frontend("tiny-copy", "cpu", dtype=torch.bfloat16)  # the one-off costs of a first load, paid
-        before = peak()
+        before = peak_rss_bytes()
         load_frontend({str(tmp_path / 'big')!r}, "cpu", dtype=torch.bfloat16)
-        print(peak() - before)
+        print(peak_rss_bytes() - before)
     """)
     grew = int(subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
                .stdout.split()[-1])
@@ -358,3 +424,23 @@ def test_model_type_and_unused_tables_are_honoured_or_said(layouts, tmp_path, ca
 def test_a_speech_to_text_model_is_refused_as_the_front_end(stt_layouts):
     with pytest.raises(FrontendLoadError, match="is a speech-to-text model .* --asr kyutai-stt"):
         load_frontend(str(stt_layouts["plain"]), "cpu")
+
+
+def test_inspection_catches_what_loading_would_refuse(layouts, tmp_path):
+    """The header-only check (`kame doctor`) says what `load_frontend` would: a bad oracle table, a
+    tokenizer that is not one."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "bad-oracle"
+    shutil.copytree(layouts["own"], folder)
+    state = load_file(folder / "model.safetensors")
+    state[hub.ORACLE_KEY] = torch.zeros(7, 64)
+    save_file(state, str(folder / "model.safetensors"))
+    for check in (inspect_source, lambda source: load_frontend(source, "cpu")):
+        with pytest.raises(FrontendLoadError, match=r"oracle_emb.weight has shape \(7, 64\)"):
+            check(str(folder))
+    broken = tmp_path / "broken-tokenizer"
+    shutil.copytree(layouts["own"], broken)
+    (broken / "tokenizer.model").write_bytes(b"not a model")
+    with pytest.raises(FrontendLoadError, match="cannot load the SentencePiece tokenizer"):
+        inspect_source(str(broken))

@@ -16,6 +16,8 @@ import json
 import logging
 import os
 import socket
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -75,11 +77,22 @@ def hub_reachable(endpoint: str | None, timeout_s: float = 3.0) -> bool:
 
     url = urlsplit(endpoint or constants.ENDPOINT)
     port = url.port or (443 if url.scheme == "https" else 80)
+
+    def connect() -> bool:
+        try:
+            with socket.create_connection((url.hostname or "", port), timeout=timeout_s):
+                return True
+        except OSError:
+            return False
+
+    # the name lookup has no timeout of its own: a broken resolver must not hold the start up either
+    pool = ThreadPoolExecutor(1, thread_name_prefix="hub-check")
     try:
-        with socket.create_connection((url.hostname or "", port), timeout=timeout_s):
-            return True
-    except OSError:
+        return pool.submit(connect).result(timeout=timeout_s + 0.5)
+    except FuturesTimeout:
         return False
+    finally:
+        pool.shutdown(wait=False)
 
 
 # ---------------------------------------------------------------- files
@@ -91,6 +104,7 @@ def hub_file(repo: str, filename: str, hub: HubOptions) -> Path:
     from huggingface_hub.errors import (
         EntryNotFoundError,
         GatedRepoError,
+        HFValidationError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
     )
@@ -110,6 +124,8 @@ def hub_file(repo: str, filename: str, hub: HubOptions) -> Path:
         ) from exc
     except EntryNotFoundError:
         raise
+    except HFValidationError as exc:
+        raise FrontendLoadError(f"{repo!r} is not a valid Hugging Face repo id: {exc}") from exc
     except OSError as exc:  # requests' connection errors derive from OSError
         raise FrontendLoadError(f"cannot fetch {filename!r} of {repo!r}: {exc}. {OFFLINE_HINT}") from exc
 
@@ -175,16 +191,33 @@ def resolve_folder(root: Path, hub: HubOptions) -> CheckpointInfo:
 
 
 def resolve_repo(repo: str, hub: HubOptions) -> CheckpointInfo:
-    from huggingface_hub.errors import EntryNotFoundError
 
     logger.info("fetching %s from the Hugging Face hub%s", repo, " (cache only)" if hub.offline else "")
-    try:
-        raw = _read_json(hub_file(repo, "config.json", hub))
-        where = f"{repo}/config.json"
-    except EntryNotFoundError:
+    config = _config_file(repo, hub)
+    if config is None:
         logger.warning("%s has no config.json: assuming a Moshi 7B with moshi's default file names", repo)
-        raw, where = None, f"{repo} (no config.json: Moshi 7B defaults)"
-    return _info(raw, _Names(repo, hub, where))
+        return _info(None, _Names(repo, hub, f"{repo} (no config.json: Moshi 7B defaults)"))
+    return _info(_read_json(config), _Names(repo, hub, f"{repo}/config.json"))
+
+
+def _config_file(repo: str, hub: HubOptions) -> Path | None:
+    """The repo's config.json, or None where it has none. Offline, a repo has none when an earlier
+    download found none (huggingface_hub's `.no_exist` marker), or when its weights are in the cache
+    and it is not (a snapshot of a legacy repo, such as kyutai/moshiko-pytorch-bf16)."""
+    from huggingface_hub import _CACHED_NO_EXIST, try_to_load_from_cache
+    from huggingface_hub.errors import EntryNotFoundError
+
+    if hub.offline:
+        cached = try_to_load_from_cache(repo, "config.json", cache_dir=hub.cache_dir)
+        if cached is _CACHED_NO_EXIST:
+            return None
+        if cached is None and isinstance(try_to_load_from_cache(repo, loaders.MOSHI_NAME, cache_dir=hub.cache_dir),
+                                         str):
+            return None
+    try:
+        return hub_file(repo, "config.json", hub)
+    except EntryNotFoundError:
+        return None
 
 
 def _info(raw: dict | None, names: _Names) -> CheckpointInfo:

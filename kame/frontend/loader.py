@@ -185,7 +185,7 @@ def _quantize_int8(frontend: Frontend, device: torch.device) -> None:
 # ---------------------------------------------------------------- checkpoints
 
 
-def _split_lora(info: CheckpointInfo) -> tuple[dict, dict]:
+def split_lora(info: CheckpointInfo) -> tuple[dict, dict]:
     """(LMModel kwargs, LoRA settings): the LoRA layers are merged after the base weights are in."""
     kwargs = lm_kwargs(info)
     return kwargs, {key: kwargs.pop(key, default) for key, default in LORA_KEYS.items()}
@@ -200,7 +200,7 @@ def _new_lm(kwargs: dict, device: torch.device | str, dtype: torch.dtype, where:
 
 def _weights_path(info: CheckpointInfo) -> Path:
     path = Path(info.moshi_weights)
-    if path.suffix not in (".safetensors", ".sft", ".sfts"):
+    if not loaders._is_safetensors(path):
         raise FrontendLoadError(f"{path}: only safetensors checkpoints are read (moshi's torch.load format is not)")
     return path
 
@@ -209,7 +209,7 @@ def _load_checkpoint(info: CheckpointInfo, device: torch.device, dtype: torch.dt
     for note in config_notes(info, {"lm_gen_config"} if role == "frontend" else {"stt_config"}):
         logger.info(note)
     path = _weights_path(info)
-    kwargs, lora = _split_lora(info)
+    kwargs, lora = split_lora(info)
     if kwargs.get("quantize") and device.type != "cuda":
         raise FrontendLoadError(f"{path} holds int8 weights (config.json: quantize true): they run on a CUDA GPU "
                                 "with bitsandbytes only")
@@ -251,20 +251,24 @@ def _mimi(info: CheckpointInfo, device: torch.device) -> MimiModel:
 def _oracle_embedding(
     lm: LMModel, weight: torch.Tensor | None, path: Path | str, device: torch.device, dtype: torch.dtype
 ) -> nn.Embedding:
-    rows, dim = lm.text_card + 1, lm.dim
     if weight is None:
         logger.info("%s has no %s%s: oracle embedding initialised from text_emb", path, ORACLE_KEY,
                     "" if str(path).startswith("preset") else " (a plain Moshi checkpoint)")
         weight = lm.text_emb.weight.detach().clone()
-    elif tuple(weight.shape) != (rows, dim):
-        raise FrontendLoadError(
-            f"{path}: {ORACLE_KEY} has shape {tuple(weight.shape)}, expected ({rows}, {dim}) "
-            "(text_card + 1 rows, like text_emb)"
-        )
-    emb = nn.Embedding(rows, dim, device=device, dtype=dtype)
+    else:
+        _check_oracle_shape(lm, tuple(weight.shape), path)
+    emb = nn.Embedding(lm.text_card + 1, lm.dim, device=device, dtype=dtype)
     with torch.no_grad():
         emb.weight.copy_(weight.to(device=device, dtype=dtype))
     return emb.eval().requires_grad_(False)
+
+
+def _check_oracle_shape(lm: LMModel, shape: tuple[int, ...], path: Path | str) -> None:
+    if shape != (lm.text_card + 1, lm.dim):
+        raise FrontendLoadError(
+            f"{path}: {ORACLE_KEY} has shape {shape}, expected ({lm.text_card + 1}, {lm.dim}) "
+            "(text_card + 1 rows, like text_emb)"
+        )
 
 
 def _load_tokenizer(path: Path | None) -> sentencepiece.SentencePieceProcessor | None:
@@ -296,8 +300,9 @@ def _load_random(preset: RandomPreset, device: torch.device, dtype: torch.dtype,
 
 
 def _build_mimi(config: dict | None, lm_config: dict, device: torch.device) -> MimiModel:
-    codebooks = max(lm_config["dep_q"], lm_config["n_q"] - lm_config["dep_q"])
-    return loaders.get_mimi(None, config, device=device, num_codebooks=codebooks)
+    """A Mimi with random weights, as moshi's CheckpointInfo.get_mimi sizes it for this LM."""
+    info = CheckpointInfo(None, None, None, lm_config=lm_config, mimi_config=config)  # type: ignore[arg-type]
+    return info.get_mimi(device=device)
 
 
 # ---------------------------------------------------------------- inspection (no weights read)
@@ -335,11 +340,14 @@ def inspect_source(source: str, *, hf_cache_dir: Path | None = None, local_files
         lm = _new_lm(resolved.lm_kwargs(), "meta", torch.bfloat16, f"preset {source}")
         return SourceReport(source, None, resolved.lm_kwargs(), _numel(lm), 0, None, 0, False)
     path = _weights_path(resolved)
-    kwargs, _ = _split_lora(resolved)
+    kwargs, _ = split_lora(resolved)
     lm = _new_lm(kwargs, "meta", torch.bfloat16, str(path))
     header = weights.read_header(path)
     oracle = header.pop(ORACLE_KEY, None)
     weights.check_against(lm, header, path)
+    if oracle is not None:
+        _check_oracle_shape(lm, oracle.shape, path)
+    _check_tokenizer(_load_tokenizer(Path(resolved.tokenizer)), lm, resolved.tokenizer)
     dtypes = sorted({str(e.dtype).removeprefix("torch.").replace("bfloat16", "bf16").replace("float", "f")
                      for e in header.values() if e.dtype.is_floating_point})
     fused = sum(key.endswith(("in_proj_weight", "in_proj.weight")) for key in header)

@@ -66,7 +66,7 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
             if length > min(MAX_HEADER_BYTES, size - 8):
                 raise ValueError(f"a header of {length} bytes does not fit")
             raw = json.loads(fh.read(length))
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise FrontendLoadError(f"cannot read {path} as safetensors: {exc}") from exc
     if not isinstance(raw, dict):
         raise FrontendLoadError(f"cannot read {path} as safetensors: its header is not a JSON object")
@@ -75,12 +75,19 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
 
 
 def _entry(path: Path, key: str, value: object, base: int, size: int) -> TensorEntry:
-    try:
-        dtype = DTYPES[value["dtype"]]
-        shape = tuple(int(d) for d in value["shape"])
-        begin, end = (base + int(o) for o in value["data_offsets"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise FrontendLoadError(f"cannot read {path} as safetensors: bad header entry for {key}: {value!r}") from exc
+    def bad(why: str) -> FrontendLoadError:
+        return FrontendLoadError(f"cannot read {path} as safetensors: {key}: {why} ({str(value)[:200]})")
+
+    name = value.get("dtype") if isinstance(value, dict) else None
+    if not isinstance(name, str) or name not in DTYPES:
+        raise bad(f"unsupported dtype {name!r}")
+    shape, offsets = value.get("shape"), value.get("data_offsets")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise bad("the shape is not a list of sizes")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets):
+        raise bad("the data offsets are not two byte positions")
+    dtype, shape = DTYPES[name], tuple(shape)
+    begin, end = (base + o for o in offsets)
     if not base <= begin <= end <= size or end - begin != math.prod(shape) * dtype.itemsize:
         raise FrontendLoadError(f"cannot read {path} as safetensors: {key}'s bytes do not fit its shape "
                                 "or the file (a truncated download?)")

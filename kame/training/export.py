@@ -49,7 +49,7 @@ def base_files(source: str) -> BaseFiles:
     if isinstance(resolved, RandomPreset):
         return BaseFiles(resolved.lm_kwargs(), dict(resolved.lm_gen_config), None, resolved.mimi_config,
                          resolved.tokenizer)
-    lm_config, _ = loader._split_lora(resolved)  # a LoRA base is exported merged: plain weights
+    lm_config, _ = loader.split_lora(resolved)  # a LoRA base is exported merged: plain weights
     return BaseFiles(lm_config, dict(resolved.lm_gen_config), Path(resolved.mimi_weights), resolved.mimi_config,
                      Path(resolved.tokenizer))
 
