@@ -101,7 +101,7 @@ class KyutaiSttSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     eot_head: int = Field(2, ge=0)  # which extra head predicts the end of a turn (Kyutai's STT 1B: 2)
     eot_threshold: float = Field(0.5, gt=0, lt=1)  # end-of-turn probability that ends an utterance
-    # a checkpoint without that head (kyutai/stt-1b-en_fr): a pause this long ends the turn
+    # a checkpoint without that head: a pause this long ends the turn
     min_silence_s: float = Field(0.6, gt=0, le=5)
     vad_threshold: float = Field(0.5, gt=0, lt=1)  # Silero speech probability that counts as speech
 

@@ -3,8 +3,10 @@
 The model (e.g. `kyutai/stt-1b-en_fr`) is a Moshi-style LM with no depformer: Mimi codes in,
 text tokens out, a fixed `audio_delay_seconds` behind the audio, after a silence prefix of
 `audio_silence_prefix_seconds` (both from its config's `stt_config`). Some checkpoints have extra
-heads that predict the end of a turn ("semantic VAD"); the published PyTorch `kyutai/stt-1b-en_fr`
-has none, and then a turn ends after a pause that Silero VAD hears on the input. It loads through
+heads that predict the end of a turn ("semantic VAD"); some may not (Kyutai's own `--vad` example
+switches from `kyutai/stt-1b-en_fr` to `kyutai/stt-1b-en_fr-candle`, which suggests the PyTorch repo
+lacks them; unverified here), and then a turn ends after a pause that Silero VAD hears on the input.
+Which one a checkpoint is comes from its own header and config, and start-up says. It loads through
 the front-end loader (same layouts) and runs on its own engine thread, all sessions' streams
 stepped in one batch per frame.
 """
@@ -251,8 +253,8 @@ class KyutaiSttStream:
         try:
             if out.text_token is not None:
                 self._word_piece(out, now)
-            if self._words and out.end_of_turn >= self.asr.options.eot_threshold:
-                self._final(now)
+            elif self._words and out.end_of_turn >= self.asr.options.eot_threshold:
+                self._final(now)  # on a frame without text: a word's pieces come on frames in a row
         finally:  # a flush waits for this frame whatever became of it
             if self._flushed is not None and self._frames_out >= self._flush_until:
                 self._flushed.set()

@@ -40,8 +40,9 @@ class StreamingVad:
 
 class SilenceEndOfTurn:
     """An end-of-turn signal from silence, one 80 ms frame of 24 kHz audio at a time: 1.0 once speech
-    was heard and then `silence_frames` frames without it, else 0.0 (what an end-of-turn head would
-    say, with a pause for a turn's end)."""
+    was heard and then `silence_frames` frames without it, until speech comes again; else 0.0 (what an
+    end-of-turn head would say, with a pause for a turn's end). The stream ends an utterance on the
+    first frame without text while it is 1.0, so a pause ends the words before it once."""
 
     def __init__(self, session, silence_frames: int, threshold: float = 0.5) -> None:
         self.silence_frames, self.threshold = silence_frames, threshold
@@ -53,9 +54,10 @@ class SilenceEndOfTurn:
 
     @staticmethod
     def frames_for(min_silence_s: float, delay_s: float, frame_rate: float) -> int:
-        """The pause that ends a turn, in frames: `min_silence_s`, and at least the ASR's delay, so
-        that the words said before the pause have come out of a delayed-streams model first."""
-        return max(math.ceil(min_silence_s * frame_rate), math.ceil(delay_s * frame_rate) + 1)
+        """The pause that ends a turn, in frames: `min_silence_s`, and at least the ASR's delay and two
+        frames more (the VAD's own lag), so that the words said before the pause have come out of a
+        delayed-streams model first."""
+        return max(math.ceil(min_silence_s * frame_rate), math.ceil(delay_s * frame_rate) + 2)
 
     def __call__(self, frame: np.ndarray) -> float:
         self._pending = np.concatenate([self._pending, self._resample(frame)])
