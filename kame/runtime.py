@@ -72,6 +72,14 @@ class RuntimeSettings:
     def resolved_asr(self, cuda: bool) -> str:
         return self.asr or ("kyutai-stt" if cuda else "whisper")
 
+    def resolved_max_sessions(self, cuda: bool) -> int:
+        return default_max_sessions(self.max_sessions, cuda)
+
+
+def default_max_sessions(max_sessions: int | None, cuda: bool) -> int:
+    """Engine slots: as set, else 32 on a GPU and 4 on a CPU."""
+    return max_sessions or (32 if cuda else 4)
+
 
 @dataclass
 class Runtime:
@@ -233,7 +241,7 @@ def log_default_frontend(cuda: bool) -> str:
 
 
 def _start_engine(settings: RuntimeSettings, frontend: Frontend, cuda: bool, on_step) -> tuple:
-    sessions = settings.max_sessions or (32 if cuda else 4)
+    sessions = settings.resolved_max_sessions(cuda)
     logger.info("[2/4] starting the batched engine: %d session slots, %s clock", sessions, settings.engine_clock)
     try:
         engine = BatchedEngine(frontend, sessions)

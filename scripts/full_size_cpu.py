@@ -6,7 +6,7 @@
    then stepped through the batched engine with an oracle: 4096-dim oracle embedding, per-slot
    sampling over the full 32000-token text and 2048-code audio vocabularies.
 2. Kyutai STT 1B as kyutai/stt-1b-en_fr lays it out (config.json with model_type stt and
-   stt_config, fused bf16 keys, no end-of-turn head): loaded by the kyutai-stt ASR, random
+   stt_config, fused bf16 keys), without an end-of-turn head (the pause rule): loaded by the kyutai-stt ASR, random
    weights, the test question transcribed with its silence prefix and delay tail.
 
 Each part runs in a process of its own, so its peak RSS is its own. Prints a markdown table and
@@ -39,8 +39,9 @@ ORACLE = tuple(range(10, 50))
 
 
 def peak_rss_gb() -> float:
-    """This process's peak RSS since its exec (VmHWM; ru_maxrss would start at the parent's)."""
-    return int(Path("/proc/self/status").read_text().split("VmHWM:")[1].split()[0]) * 1024 / 1e9
+    from kame.testing.memory import peak_rss_bytes
+
+    return peak_rss_bytes() / 1e9
 
 
 def fill_random_(module: torch.nn.Module, seed: int) -> None:
@@ -167,11 +168,26 @@ def run_stt(lm_config: dict, folder: Path) -> dict:
               "steps (expected)": [steps, expected_steps],
               "partials, finals (random weights: any)": [sum(isinstance(e, PartialTranscript) for e in events),
                                                          sum(isinstance(e, FinalTranscript) for e in events)]}
+    checks["pause rule ms per frame"] = round(pause_rule_ms(pcm), 3)
     ok = asr.prefix_frames == 13 and asr.end_of_turn == "pause" and steps == expected_steps
     return {"part": "stt", "params": sum(p.numel() for p in asr.model.lm.parameters()), "dtype": "f32",
             "load_s": round(load_s, 1), "load_peak_rss_gb": round(load_rss, 2),
             "step_ms_median": round(1000 * elapsed / steps, 1), "frames": steps,
             "peak_rss_gb": round(peak_rss_gb(), 2), "checks": checks, "ok": ok}
+
+
+def pause_rule_ms(pcm: np.ndarray, repeats: int = 20) -> float:
+    """What the pause rule (Silero VAD on one session's input) costs the STT engine thread per frame."""
+    from kame.asr.vad import SilenceEndOfTurn, silero_session
+    from kame.audio import FRAME_SIZE
+
+    rule = SilenceEndOfTurn(silero_session(), 8)
+    frames = [pcm[i:i + FRAME_SIZE] for i in range(0, len(pcm) - FRAME_SIZE + 1, FRAME_SIZE)] * repeats
+    rule(frames[0])
+    started = time.perf_counter()
+    for frame in frames:
+        rule(frame)
+    return 1000 * (time.perf_counter() - started) / len(frames)
 
 
 def run_part(part: str, frames: int, lm_config: dict | None = None) -> dict:

@@ -221,6 +221,9 @@ def frontend_check(settings: ServerSettings, cuda: bool, hub: Hub) -> tuple[Chec
     if int(report.lm_config.get("dep_q", MOSHI_DEP_Q)) == 0:
         return Check("FAIL", "front-end", f"{source} is a speech-to-text model (dep_q 0, no depformer): it "
                      f"generates no speech; use it as the ASR: --asr kyutai-stt --asr-model {source}"), probe
+    if report.lm_config.get("quantize") and not cuda:
+        return Check("FAIL", "front-end", f"{source} holds int8 weights (config.json: quantize true): they run "
+                     "on a CUDA GPU with bitsandbytes only"), probe
     oracle = "oracle_emb present" if report.has_oracle else "no oracle_emb: initialised from text_emb"
     return Check("ok", "front-end", f"{source} ({why}): {describe(report)}, {oracle}"), probe
 
@@ -321,7 +324,9 @@ def sessions_that_fit(free_bytes: int, footprint: Footprint) -> int:
 
 
 def sessions_check(settings: ServerSettings, machine: Machine, frontend: Probe, stt: Probe | None) -> Check:
-    requested = settings.max_sessions or (32 if machine.cuda else 4)
+    from kame.runtime import default_max_sessions
+
+    requested = default_max_sessions(settings.max_sessions, machine.cuda)
     wanted = f"max_sessions {requested}" + ("" if settings.max_sessions else " (the default)")
     int8 = settings.quantize == "int8"
     unknown, total = _unknown_footprint(machine, frontend, stt), None
@@ -415,17 +420,24 @@ def _endpoint_check(profile: BackendProfile, name: str, bad: Level) -> Check:
     import httpx2  # the HTTP client the openai package uses
 
     url = profile.base_url.rstrip("/") + "/models"
+    shown = _without_credentials(url)
     headers = {"Authorization": f"Bearer {os.environ[profile.api_key_env]}"} if profile.api_key_env else {}
     try:
         status = httpx2.get(url, headers=headers, timeout=HTTP_TIMEOUT_S).status_code
     except (httpx2.HTTPError, httpx2.InvalidURL) as exc:
-        return Check(bad, name, f"{url} does not answer ({str(exc) or type(exc).__name__})")
+        return Check(bad, name, f"{shown} does not answer ({type(exc).__name__})")
     if status == 200:
-        return Check("ok", name, f"{url} answers (HTTP 200), model {profile.model}")
+        return Check("ok", name, f"{shown} answers (HTTP 200), model {profile.model}")
     key = f"check the key in {profile.api_key_env}" if profile.api_key_env else "it may want a key"
     hint = {401: key, 403: key, 404: "check the base_url"}.get(status, "see its logs")
     # the endpoint is up; some never serve GET /models, so this alone does not block kame serve
-    return Check("warn", name, f"{url} answers HTTP {status}, not 200 ({hint}; some endpoints have no /models)")
+    return Check("warn", name, f"{shown} answers HTTP {status}, not 200 ({hint}; some endpoints have no /models)")
+
+
+def _without_credentials(url: str) -> str:
+    """The URL as printed: a user:password@ in it is never shown."""
+    parts = urlsplit(url)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl() if "@" in parts.netloc else url
 
 
 # ---------------------------------------------------------------- units

@@ -87,7 +87,9 @@ class RayOptions:
 
 
 def slots_of(settings: ServerSettings, cuda: bool) -> int:
-    return settings.max_sessions or (32 if cuda else 4)
+    from kame.runtime import default_max_sessions
+
+    return default_max_sessions(settings.max_sessions, cuda)
 
 
 def build_app(settings: ServerSettings):
