@@ -26,7 +26,6 @@ from torch import nn
 from kame.errors import FrontendLoadError
 from kame.frontend import weights
 from kame.frontend.checkpoint import (
-    OFFLINE_HINT,
     HubOptions,
     config_notes,
     lm_kwargs,
@@ -42,7 +41,6 @@ DEFAULT_SOURCE = "SakanaAI/kame"
 ORACLE_KEY = "oracle_emb.weight"
 LORA_KEYS = {"lora": False, "lora_rank": 128, "lora_scaling": 2.0}  # moshi's get_moshi_lm defaults
 Role = Literal["frontend", "stt"]
-__all__ = ["DEFAULT_SOURCE", "OFFLINE_HINT", "ORACLE_KEY", "Frontend", "inspect_source", "load_frontend"]
 
 
 @dataclass
@@ -205,27 +203,55 @@ def _weights_path(info: CheckpointInfo) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class _Checked:
+    """A checkpoint whose config, weights' header and tokenizer agree, before any weight is read."""
+
+    path: Path
+    kwargs: dict  # LMModel kwargs, LoRA's taken out
+    lora: dict
+    lm: LMModel  # on the meta device
+    header: dict[str, weights.TensorEntry]  # the LM's tensors
+    oracle: weights.TensorEntry | None  # KAME's `oracle_emb.weight`, which the LM does not hold
+    tokenizer: sentencepiece.SentencePieceProcessor
+
+
+def _checked(info: CheckpointInfo, dtype: torch.dtype) -> _Checked:
+    """What loading checks first, and `inspect_source` alone: every key and shape (after moshi's
+    renames), the oracle table, the tokenizer against the LM's text vocabulary."""
+    path = _weights_path(info)
+    kwargs, lora = split_lora(info)
+    lm = _new_lm(kwargs, "meta", dtype, str(path))
+    header = weights.read_header(path)
+    oracle = header.pop(ORACLE_KEY, None)
+    weights.check_against(lm, header, path)
+    if oracle is not None:
+        _check_oracle_shape(lm, oracle.shape, path)
+    tokenizer = _load_tokenizer(Path(info.tokenizer))
+    _check_tokenizer(tokenizer, lm, info.tokenizer)
+    return _Checked(path, kwargs, lora, lm, header, oracle, tokenizer)
+
+
 def _load_checkpoint(info: CheckpointInfo, device: torch.device, dtype: torch.dtype, role: Role) -> Frontend:
     for note in config_notes(info, {"lm_gen_config"} if role == "frontend" else {"stt_config"}):
         logger.info(note)
-    path = _weights_path(info)
-    kwargs, lora = split_lora(info)
-    if kwargs.get("quantize") and device.type != "cuda":
-        raise FrontendLoadError(f"{path} holds int8 weights (config.json: quantize true): they run on a CUDA GPU "
-                                "with bitsandbytes only")
-    lm = _new_lm(kwargs, "meta", dtype, str(path))
-    aside = weights.load_checked(lm, path, dtype, device, set_aside=(ORACLE_KEY,))
-    if lora["lora"]:
-        lm = _merge_lora(lm, info, lora, device, dtype)
+    checked = _checked(info, dtype)
+    if checked.kwargs.get("quantize") and device.type != "cuda":
+        raise FrontendLoadError(f"{checked.path} holds int8 weights (config.json: quantize true): they run on a "
+                                "CUDA GPU with bitsandbytes only")
+    tensors = checked.header | ({ORACLE_KEY: checked.oracle} if checked.oracle is not None else {})
+    state = weights.read_state(checked.path, tensors, dtype, device)
+    oracle_weight = state.pop(ORACLE_KEY, None)
+    lm = checked.lm
+    lm.load_state_dict(state, strict=True, assign=True)
+    if checked.lora["lora"]:
+        lm = _merge_lora(lm, info, checked.lora, device, dtype)
     if info.model_type == "hibiki":  # as moshi's CheckpointInfo.get_moshi: an early EOS reads as padding
         lm.text_emb.weight.data[2] = lm.text_emb.weight.data[3]
     lm.eval()
-    oracle = _oracle_embedding(lm, aside.get(ORACLE_KEY), path, device, dtype) if role == "frontend" else None
-    mimi = _mimi(info, device)
-    tokenizer = _load_tokenizer(info.tokenizer)
-    _check_tokenizer(tokenizer, lm, info.tokenizer)
-    return Frontend(lm, oracle, mimi, tokenizer, dict(info.lm_gen_config), stt_config=dict(info.stt_config),
-                    model_type=info.model_type)
+    oracle = _oracle_embedding(lm, oracle_weight, checked.path, device, dtype) if role == "frontend" else None
+    return Frontend(lm, oracle, _mimi(info, device), checked.tokenizer, dict(info.lm_gen_config),
+                    stt_config=dict(info.stt_config), model_type=info.model_type)
 
 
 def _merge_lora(lm: LMModel, info: CheckpointInfo, lora: dict, device: torch.device, dtype: torch.dtype) -> LMModel:
@@ -255,8 +281,6 @@ def _oracle_embedding(
         logger.info("%s has no %s%s: oracle embedding initialised from text_emb", path, ORACLE_KEY,
                     "" if str(path).startswith("preset") else " (a plain Moshi checkpoint)")
         weight = lm.text_emb.weight.detach().clone()
-    else:
-        _check_oracle_shape(lm, tuple(weight.shape), path)
     emb = nn.Embedding(lm.text_card + 1, lm.dim, device=device, dtype=dtype)
     with torch.no_grad():
         emb.weight.copy_(weight.to(device=device, dtype=dtype))
@@ -339,20 +363,12 @@ def inspect_source(source: str, *, hf_cache_dir: Path | None = None, local_files
     if isinstance(resolved, RandomPreset):
         lm = _new_lm(resolved.lm_kwargs(), "meta", torch.bfloat16, f"preset {source}")
         return SourceReport(source, None, resolved.lm_kwargs(), _numel(lm), 0, None, 0, False)
-    path = _weights_path(resolved)
-    kwargs, _ = split_lora(resolved)
-    lm = _new_lm(kwargs, "meta", torch.bfloat16, str(path))
-    header = weights.read_header(path)
-    oracle = header.pop(ORACLE_KEY, None)
-    weights.check_against(lm, header, path)
-    if oracle is not None:
-        _check_oracle_shape(lm, oracle.shape, path)
-    _check_tokenizer(_load_tokenizer(Path(resolved.tokenizer)), lm, resolved.tokenizer)
+    checked = _checked(resolved, torch.bfloat16)
     dtypes = sorted({str(e.dtype).removeprefix("torch.").replace("bfloat16", "bf16").replace("float", "f")
-                     for e in header.values() if e.dtype.is_floating_point})
-    fused = sum(key.endswith(("in_proj_weight", "in_proj.weight")) for key in header)
-    return SourceReport(source, resolved, kwargs, _numel(lm), path.stat().st_size, "+".join(dtypes) or None, fused,
-                        oracle is not None)
+                     for e in checked.header.values() if e.dtype.is_floating_point})
+    fused = sum(key.endswith(("in_proj_weight", "in_proj.weight")) for key in checked.header)
+    return SourceReport(source, resolved, checked.kwargs, _numel(checked.lm), checked.path.stat().st_size,
+                        "+".join(dtypes) or None, fused, checked.oracle is not None)
 
 
 def _numel(module: nn.Module) -> int:

@@ -103,7 +103,7 @@ def apply_load_hooks(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
             hook(state, f"{name}." if name else "", {}, True, [], [], [])
 
 
-def check_against(module: nn.Module, header: dict[str, TensorEntry], path: Path, what: str = "LM") -> None:
+def check_against(module: nn.Module, header: dict[str, TensorEntry], path: Path) -> None:
     """The header, renamed as loading renames it, matches `module` key for key and shape for shape."""
     renamed = {key: entry.meta() for key, entry in header.items()}
     apply_load_hooks(module, renamed)
@@ -112,11 +112,11 @@ def check_against(module: nn.Module, header: dict[str, TensorEntry], path: Path,
     missing = sorted(set(expected) - set(renamed))
     if unknown:
         raise FrontendLoadError(
-            f"{path} has keys the {what} does not know: {_some(unknown)}; is config.json the one made for "
+            f"{path} has keys the LM does not know: {_some(unknown)}; is config.json the one made for "
             "these weights?")
     if missing:
         raise FrontendLoadError(
-            f"{path} lacks {len(missing)} {what} weights, e.g. {_some(missing)}; the file is "
+            f"{path} lacks {len(missing)} LM weights, e.g. {_some(missing)}; the file is "
             "incomplete or config.json describes another model")
     for key, value in renamed.items():
         if value.shape != expected[key].shape:
@@ -184,18 +184,3 @@ def read_state(
                             time.perf_counter() - started)
                 step += 0.25
     return state
-
-
-def load_checked(
-    module: nn.Module, path: Path, dtype: torch.dtype, device: torch.device, *, set_aside: tuple[str, ...] = (),
-    what: str = "LM",
-) -> dict[str, torch.Tensor]:
-    """Fill `module` (built on the meta device) from `path`; returns the tensors named in `set_aside`
-    (read, cast and moved like the rest), which the module does not hold (KAME's `oracle_emb.weight`)."""
-    header = read_header(path)
-    aside = {key: header.pop(key) for key in set_aside if key in header}
-    check_against(module, header, path, what)
-    state = read_state(path, header | aside, dtype, device)
-    kept = {key: state.pop(key) for key in aside}
-    module.load_state_dict(state, strict=True, assign=True)
-    return kept
