@@ -42,7 +42,6 @@ from kame.frontend.presets import TINY_COPY_DIR, TINY_LM_CONFIG, TINY_MIMI_CONFI
 
 TOKENIZER = TINY_COPY_DIR / "tokenizer.model"  # a real SentencePiece model (1000 pieces)
 MOSHIKO_REPO = "kyutai/moshiko-pytorch-bf16"
-STT_REPO = "kyutai/stt-1b-en_fr"
 KAME_REPO = "SakanaAI/kame"
 STT_TOKENIZER_NAME = "tokenizer_en_fr_audio_8000.model"
 STT_MIMI_NAME = "mimi-pytorch-e351c8d8@125.safetensors"
