@@ -336,8 +336,10 @@ def test_a_backlog_skips_to_live_on_the_tick_clock_only(tiny, monkeypatch, clock
     engine = BatchedEngine(tiny, batch_size=1, gen=GREEDY)
     original = engine.step
     stepped: list[float] = []  # the marker sample of every frame stepped
+    step_starts: list[float] = []  # when each step began: a step after idle can itself take 50 ms on this VM
 
     def recording(frames, timings=None):
+        step_starts.append(time.monotonic())
         stepped.extend(float(frame[0]) for frame in frames.values())
         return original(frames, timings)
 
@@ -367,7 +369,7 @@ def test_a_backlog_skips_to_live_on_the_tick_clock_only(tiny, monkeypatch, clock
     else:
         assert stepped[:20] == pytest.approx([index / 100 for index in range(20)])
         assert skipped == handle.dropped_frames == 0
-    assert arrivals[-1] - late < 0.04
+    assert step_starts[-1] - late < 0.04  # the live frame is stepped at once
 
 
 def test_an_overloaded_engine_skips_missed_ticks_instead_of_catching_up(tiny, monkeypatch, caplog):
