@@ -156,7 +156,8 @@ class KyutaiSttAsr:
                            "silence (Silero VAD) instead", options.model, options.eot_head, frames / FRAME_RATE)
         self.batch = SttBatch(self.model, options.max_sessions, options.eot_head, pause_rule)
         # up to 60 s of backlog per stream; beyond it the oldest audio is dropped
-        self.runner = EngineRunner(self.batch, batch_window_s=0.02, max_pending_frames=750, clock="eager").start()
+        self.runner = EngineRunner(self.batch, batch_window_s=0.02, max_pending_frames=750, clock="eager",
+                                   jitter_frames=None).start()
         logger.info("ASR kyutai-stt: %s, %d slots, text %.2f s behind the audio",
                     options.model, options.max_sessions, self.delay_s)
 

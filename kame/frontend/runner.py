@@ -2,21 +2,28 @@
 
 Sessions push PCM frames and oracle updates into thread-safe inboxes, stamped with the generation of
 their slot acquisition: anything of another generation is dropped, so nothing of a slot's previous
-occupant reaches the next. A batched step costs the whole batch however many slots it steps, so with
-`clock="tick"` the engine thread steps once per `frame_s` for every active slot that has a frame (at
-once when every active slot has one), a live slot holding more than `jitter_frames` skips to live (and
-one that stays a frame behind for `STANDING_TICKS` steps gets one extra step), an overrun skips the
-missed ticks, and the thread sleeps while no slot has a frame. A slot acquired with
-`live=False` (a client that sends faster than real time on purpose) never skips: alone, it is stepped
-as fast as the engine goes. `clock="eager"` steps as soon as a frame arrives, waiting at most
-`batch_window_s` for the other slots. Slot acquire/release run on the engine thread between steps.
+occupant reaches the next. A batched step costs the whole batch however many slots it steps.
+
+`clock="tick"`: the engine thread steps once per `frame_s` for every slot that has a frame, at the
+phase of the frame period that keeps the sessions' mean wait shortest (their arrivals' phases are
+learnt, `TickSchedule`), at once when every sending slot has its frame, and at once when a live slot
+holds two frames or more (it is behind: after a stall, extra steps, batched across slots, catch every
+slot up, its audio kept). `clock="eager"`: step as soon as a frame arrives, waiting at most
+`batch_window_s` for the other sending slots. With either, a live slot holding more than
+`jitter_frames` at a step drops its oldest frames down to that (skip to live: only when the
+engine cannot keep up), a step that ends past the next tick is counted as an overrun, and the
+thread sleeps while no slot has a frame. A slot acquired with `live=False` (a client that sends
+faster than real time on purpose) never skips and never triggers a catch-up: alone, it is stepped
+as fast as the engine goes. Slot acquire/release run on the engine thread between steps.
 """
 
 from __future__ import annotations
 
 import asyncio
+import cmath
 import concurrent.futures
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -39,7 +46,9 @@ OutputCallback = Callable[[FrameOutput], None]
 ErrorCallback = Callable[[BaseException], None]
 Clock = Literal["tick", "eager"]
 OVERRUN_LOG_INTERVAL_S = 60.0  # an overloaded engine warns at most this often
-STANDING_TICKS = 4  # a live slot still a frame behind after this many steps in a row gets one extra step
+SENDING_FRAMES = 2  # a slot that pushed a frame within this many frame periods is sending
+PHASE_WEIGHT = 0.2  # how much each arrival moves a slot's learnt phase (an exponential average)
+PHASE_STEADY = 0.5  # a slot's phase counts once its average is this consistent (1: every arrival alike)
 
 
 @dataclass
@@ -49,8 +58,8 @@ class RunnerStats:
     steps: int = 0  # batched engine steps
     frames_stepped: int = 0  # slot frames in those steps (frames_stepped / steps: the mean batch)
     stale_dropped: int = 0  # frames and oracle updates of a finished acquisition, never applied
-    skipped_frames: int = 0  # frames the tick clock dropped to bring a slot back to live
-    overruns: int = 0  # steps that ended after the next tick was due
+    skipped_frames: int = 0  # frames dropped to bring a live slot back to live (over jitter_frames)
+    overruns: int = 0  # steps that took longer than a frame
 
 
 class _Stamped(NamedTuple):
@@ -66,10 +75,104 @@ class _SlotInbox:
     on_output: OutputCallback
     on_error: ErrorCallback | None
     live: bool = True  # False: the client paces itself (faster than real time): never skip to live
-    behind: int = 0  # tick clock: steps in a row after which this slot still held a frame
     frames: deque[_Stamped] = field(default_factory=deque)
+    last_arrival: float | None = None  # monotonic time of the latest frame pushed
+    phase: complex = 0j  # average of exp(2 pi i t / frame_s) over its arrivals t: where in the period they come
     updates: list[_Stamped] = field(default_factory=list)
     dropped_frames: int = 0  # over max_pending_frames at push time, or skipped to live
+
+
+class TickSchedule:
+    """When the tick clock steps, as a function of the slots and a time passed in (no thread and no
+    clock of its own: the runner passes `time.monotonic()`, tests a manual time).
+
+    A step is due at `next_tick`, which lies at `phase_s` of the frame period (times modulo
+    `frame_s`) at least half a frame after the step that planned it. It comes early when every
+    sending slot holds a frame within two margins of the tick ("ready": waiting out the arrivals'
+    jitter would only add latency), and when a live slot holds
+    two frames or more ("behind": a stall left it late; the catch-up steps every slot that has a frame,
+    so the extra step serves the whole batch, and does not move the plan). The phase is the one that
+    keeps the live slots' summed wait (tick - arrival, modulo the frame) shortest: just after one of
+    their learnt arrival phases; the current one is kept unless another saves over a millisecond a slot.
+    """
+
+    def __init__(self, frame_s: float, margin_s: float | None = None) -> None:
+        self.frame_s = frame_s
+        self.margin_s = frame_s / 16 if margin_s is None else margin_s  # "just after": the arrivals' jitter
+        self.next_tick: float | None = None  # None: idle (the next frame is stepped at once)
+        self.phase_s: float | None = None  # where in the period the tick lies; None: no steady arrivals yet
+
+    def arrived(self, inbox: _SlotInbox, now: float) -> None:
+        """A frame was pushed into `inbox` at `now`: learn the slot's phase (live slots only)."""
+        inbox.last_arrival = now
+        if inbox.live:
+            arrival = cmath.exp(2j * math.pi * (now % self.frame_s) / self.frame_s)
+            inbox.phase = arrival if inbox.phase == 0 else inbox.phase + PHASE_WEIGHT * (arrival - inbox.phase)
+
+    def sending(self, inbox: _SlotInbox, now: float) -> bool:
+        """Holds a frame, or pushed one lately: a slot whose client stopped sending holds nobody up."""
+        return bool(inbox.frames) or (inbox.last_arrival is not None
+                                      and now - inbox.last_arrival <= SENDING_FRAMES * self.frame_s)
+
+    def ready(self, inboxes: list[_SlotInbox], now: float) -> bool:
+        """Some slot holds a frame and every sending slot does."""
+        return any(inbox.frames for inbox in inboxes) and all(
+            inbox.frames for inbox in inboxes if self.sending(inbox, now))
+
+    def reason(self, inboxes: list[_SlotInbox], now: float) -> str | None:
+        """Why to step now: "due", "behind" or "ready"; None: wait (for `next_tick` or a frame)."""
+        if not any(inbox.frames for inbox in inboxes):
+            return None
+        if self.next_tick is None or now >= self.next_tick:
+            return "due"
+        if any(self._behind(inbox) for inbox in inboxes):
+            return "behind"
+        return "ready" if self._near(now) and self.ready(inboxes, now) else None
+
+    def wakes(self, inbox: _SlotInbox, inboxes: list[_SlotInbox], now: float) -> bool:
+        """Whether a frame just pushed into `inbox` is a reason to step before the tick (the cheap
+        checks first: this runs at every push)."""
+        return self._behind(inbox) or (self._near(now) and self.ready(inboxes, now))
+
+    @staticmethod
+    def _behind(inbox: _SlotInbox) -> bool:
+        return inbox.live and len(inbox.frames) >= 2
+
+    def _near(self, now: float) -> bool:
+        """Close enough to the tick to step when every frame is in: no need to wait out the margin (but
+        no earlier, or the step would stay at whatever phase it had, the arrivals just before it waiting
+        a whole frame); without a phase (no steady live slot: self-paced clients) at any time."""
+        return self.phase_s is None or self.next_tick is None or self.next_tick - now <= 2 * self.margin_s
+
+    def stepped(self, reason: str, inboxes: list[_SlotInbox], now: float) -> None:
+        """A step starts at `now` for `reason`: plan the next tick (a catch-up keeps the plan)."""
+        if reason == "behind" and self.next_tick is not None:
+            return
+        self.phase_s = self._best_phase(inboxes, now)
+        if self.phase_s is None:
+            self.next_tick = now + self.frame_s
+        else:
+            earliest = now + self.frame_s / 2
+            self.next_tick = earliest + (self.phase_s - earliest) % self.frame_s
+
+    def idle(self) -> None:
+        """The tick came and no slot had a frame: sleep until one comes, then step it at once."""
+        self.next_tick = None
+
+    def _best_phase(self, inboxes: list[_SlotInbox], now: float) -> float | None:
+        period = self.frame_s
+        phases = np.array([cmath.phase(inbox.phase) / (2 * math.pi) * period % period for inbox in inboxes
+                           if inbox.live and abs(inbox.phase) >= PHASE_STEADY and self.sending(inbox, now)])
+        if not len(phases):
+            return None
+        candidates = (phases + self.margin_s) % period
+        if self.phase_s is not None:
+            candidates = np.append(candidates, self.phase_s)
+        waits = ((candidates[:, None] - phases[None, :]) % period).sum(axis=1)
+        best = int(np.argmin(waits))
+        if self.phase_s is not None and waits[-1] <= waits[best] + 0.001 * len(phases):
+            return self.phase_s
+        return float(candidates[best])
 
 
 class SlotHandle:
@@ -125,19 +228,20 @@ class EngineRunner:
 
     def __init__(self, engine: BatchedEngine, batch_window_s: float = 0.02, max_pending_frames: int = 25,
                  on_step: Callable[[float, int], None] | None = None, torch_threads: int | None = None, *,
-                 clock: Clock = "tick", frame_s: float = FRAME_S, jitter_frames: int = 3) -> None:
+                 clock: Clock = "tick", frame_s: float = FRAME_S, jitter_frames: int | None = 3) -> None:
         if clock not in ("tick", "eager"):
             raise ValueError(f"clock must be 'tick' or 'eager', got {clock!r}")
-        if frame_s <= 0 or jitter_frames < 0 or max_pending_frames < 1:
-            raise ValueError("frame_s must be > 0, jitter_frames >= 0 and max_pending_frames >= 1")
+        if frame_s <= 0 or (jitter_frames is not None and jitter_frames < 0) or max_pending_frames < 1:
+            raise ValueError("frame_s must be > 0, jitter_frames >= 0 (or None) and max_pending_frames >= 1")
         self.engine = engine
         # intra-op threads of the engine thread; on a CPU, OpenMP teams started from a non-main
         # thread cost more than they give for small models (docs/benchmarks.md): 1 is best there
         self.torch_threads = torch_threads
         self.on_step = on_step  # (seconds, batch size) after each step, on the engine thread
         self.clock = clock  # tick: one step per frame_s for all slots; eager: step when a frame arrives
-        self.frame_s = frame_s  # the tick period (one frame of audio)
-        self.jitter_frames = jitter_frames  # tick: frames a slot may hold at a tick before it skips to live
+        self.frame_s = frame_s  # the tick period (one frame of audio); a longer step is an overrun
+        # frames a live slot may hold at a step before it skips to live; None: never (nothing may be lost)
+        self.jitter_frames = jitter_frames
         self.batch_window_s = batch_window_s  # eager: how long a ready slot waits for the others
         self.max_pending_frames = max_pending_frames  # per slot, both clocks; beyond it the oldest is dropped
         self.stats = RunnerStats()
@@ -147,9 +251,8 @@ class EngineRunner:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._generation = 0  # of the latest acquisition
-        self._next_tick: float | None = None  # monotonic time of the next tick; None while idle
-        self._idle = False  # the engine thread sleeps until a frame arrives (tick clock)
-        self._catch_up_now = False  # a live slot is a frame behind for good: one extra step (tick clock)
+        self._schedule = TickSchedule(frame_s)  # when to step (tick clock); arrivals are noted for both
+        self._idle = False  # the engine thread sleeps until a frame arrives
         self._overrun_logged_at: float | None = None
 
     @property
@@ -270,11 +373,13 @@ class EngineRunner:
             if inbox is None:
                 return
             inbox.frames.append(frame)
+            now = time.monotonic()
+            self._schedule.arrived(inbox, now)
             if len(inbox.frames) > self.max_pending_frames:
                 inbox.frames.popleft()
                 inbox.dropped_frames += 1
-            if self.clock == "eager" or self._idle or self._all_frames():  # else the tick wakes up by itself
-                self._cond.notify_all()
+            if self.clock == "eager" or self._idle or self._schedule.wakes(inbox, list(self._inboxes.values()), now):
+                self._cond.notify_all()  # else the tick wakes the thread by itself
 
     def _push_oracle(self, slot: int, update: _Stamped) -> None:
         with self._cond:
@@ -297,8 +402,6 @@ class EngineRunner:
                 self._run_command(fn, future)
             if batch:
                 self._step(batch)
-                if self.clock == "tick":
-                    self._keep_schedule()
         with self._cond:
             commands = self._take_commands()
         for _, future in commands:  # nobody may wait forever on a command the thread will never run
@@ -309,42 +412,33 @@ class EngineRunner:
         return self._next_tick_work() if self.clock == "tick" else self._next_eager_work()
 
     def _next_tick_work(self):
+        schedule = self._schedule
         with self._cond:
             while not self._stopping:
                 if self._commands:
                     return self._take_commands(), {}
                 now = time.monotonic()
-                due = self._next_tick is None or now >= self._next_tick
-                if self._any_frame() and (due or self._all_frames()):  # every slot ready: no need to wait
-                    self._catch_up_now = False
-                    self._start_tick(now, early=not due)
-                    return [], self._take_batch(skip_to_live=True)
-                if self._catch_up_now and self._any_frame():  # one extra step, the grid stays where it is
-                    self._catch_up_now = False
-                    return [], self._take_batch(skip_to_live=True)
-                if due:
-                    self._next_tick = None  # idle: sleep until a frame arrives, then step at once
-                self._wait(None if due else self._next_tick - now)
+                inboxes = list(self._inboxes.values())
+                reason = schedule.reason(inboxes, now)
+                if reason is not None:
+                    schedule.stepped(reason, inboxes, now)
+                    return [], self._take_batch()
+                if schedule.next_tick is not None and now >= schedule.next_tick:
+                    schedule.idle()  # the tick found no frame: sleep until one arrives, then step at once
+                self._wait(None if schedule.next_tick is None else schedule.next_tick - now)
             return None
 
-    def _start_tick(self, now: float, early: bool = False) -> None:
-        """Fix the time of the next tick: on the grid, unless a tick or more was missed, after idle, or
-        after an early step (the grid then follows the sessions' own phase)."""
-        on_grid = not early and self._next_tick is not None and now - self._next_tick < self.frame_s
-        tick = self._next_tick if on_grid else now
-        self._next_tick = tick + self.frame_s
-
-    def _keep_schedule(self) -> None:
-        """After a step that ended past the next tick: skip the missed ticks, do not catch up with a burst."""
+    def _count_overrun(self, elapsed: float) -> None:
+        """A step longer than a frame: the engine is behind real time; it warns once a minute at most."""
+        if elapsed <= self.frame_s:
+            return
+        self.stats.overruns += 1
         now = time.monotonic()
-        if self._next_tick is not None and now > self._next_tick:
-            self._next_tick = now  # the grid restarts from now: one step now, the next one a frame later
-            self.stats.overruns += 1
-            if self._overrun_logged_at is None or now - self._overrun_logged_at >= OVERRUN_LOG_INTERVAL_S:
-                self._overrun_logged_at = now
-                logger.warning("engine step ran past the next %.0f ms tick (%d overruns so far): the engine "
-                               "is overloaded, ticks are skipped and sessions skip to live",
-                               self.frame_s * 1000, self.stats.overruns)
+        if self._overrun_logged_at is None or now - self._overrun_logged_at >= OVERRUN_LOG_INTERVAL_S:
+            self._overrun_logged_at = now
+            logger.warning("an engine step took %.0f ms, longer than the %.0f ms frame (%d overruns so far): "
+                           "the engine is overloaded and live sessions skip to live", elapsed * 1000,
+                           self.frame_s * 1000, self.stats.overruns)
 
     def _wait(self, timeout: float | None) -> None:
         self._idle = timeout is None
@@ -354,18 +448,19 @@ class EngineRunner:
     def _next_eager_work(self):
         with self._cond:
             while not (self._stopping or self._commands or self._any_frame()):
-                self._cond.wait()
+                self._wait(None)
             if self._stopping:
                 return None
             if self._commands:
                 return self._take_commands(), {}
             deadline = time.monotonic() + self.batch_window_s
-            while not self._all_frames() and not self._commands and not self._stopping:
+            while not self._schedule.ready(list(self._inboxes.values()), time.monotonic()) \
+                    and not self._commands and not self._stopping:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            return [], self._take_batch(skip_to_live=False)
+            return [], self._take_batch()
 
     def _take_commands(self) -> list[tuple[Callable[[], object], concurrent.futures.Future]]:
         commands = list(self._commands)
@@ -375,23 +470,18 @@ class EngineRunner:
     def _any_frame(self) -> bool:
         return any(inbox.frames for inbox in self._inboxes.values())
 
-    def _all_frames(self) -> bool:
-        return all(inbox.frames for inbox in self._inboxes.values())
-
-    def _take_batch(self, skip_to_live: bool) -> dict[int, tuple[np.ndarray, list[OracleUpdate], _SlotInbox]]:
+    def _take_batch(self) -> dict[int, tuple[np.ndarray, list[OracleUpdate], _SlotInbox]]:
         """One frame (and the pending oracle updates) of every slot that has one; under the lock."""
         batch = {}
         for slot, inbox in self._inboxes.items():
             self._discard_stale(inbox)
             if not inbox.frames:
                 continue
-            if skip_to_live and inbox.live:
-                self._skip_to_live(inbox)
+            if inbox.live and self.jitter_frames is not None:
+                self._skip_to_live(inbox, self.jitter_frames)
             updates = [update.value for update in inbox.updates]
             inbox.updates = []
             batch[slot] = (inbox.frames.popleft().value, updates, inbox)
-            if skip_to_live and inbox.live:
-                self._catch_up(inbox)
         return batch
 
     def _discard_stale(self, inbox: _SlotInbox) -> None:
@@ -403,18 +493,8 @@ class EngineRunner:
             self.stats.stale_dropped += stale
             inbox.frames, inbox.updates = deque(frames), updates
 
-    def _catch_up(self, inbox: _SlotInbox) -> None:
-        """A slot that still holds a frame after STANDING_TICKS steps in a row is a frame behind for
-        good (one late frame, then on time): one extra step catches it up, its audio kept. A client
-        that merely sends in bursts (two frames, then none) never qualifies, so it costs no extra
-        steps of the whole batch."""
-        inbox.behind = inbox.behind + 1 if inbox.frames else 0
-        if inbox.behind >= STANDING_TICKS:
-            self._catch_up_now = True
-            inbox.behind = 0
-
-    def _skip_to_live(self, inbox: _SlotInbox) -> None:
-        excess = len(inbox.frames) - max(1, self.jitter_frames)  # 0 and 1 both mean: step the newest frame
+    def _skip_to_live(self, inbox: _SlotInbox, jitter_frames: int) -> None:
+        excess = len(inbox.frames) - max(1, jitter_frames)  # 0 and 1 both mean: step the newest frame
         if excess > 0:
             for _ in range(excess):
                 inbox.frames.popleft()
@@ -451,6 +531,7 @@ class EngineRunner:
                     inbox.on_error(exc)
             return
         elapsed = time.perf_counter() - started
+        self._count_overrun(elapsed)
         self.stats.steps += 1
         self.stats.frames_stepped += len(batch)
         if self.on_step is not None:
