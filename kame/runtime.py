@@ -22,9 +22,9 @@ from kame.backend.llm import LLMClient
 from kame.backend.planner import PlannerConfig
 from kame.backend.profiles import DEFAULT_PROFILES, BackendProfile
 from kame.errors import FrontendLoadError
-from kame.frontend.engine import BatchedEngine
+from kame.frontend.engine import BatchedEngine, NullEngine
 from kame.frontend.loader import Frontend, check_quantize, load_frontend, resolve_device
-from kame.frontend.runner import EngineRunner
+from kame.frontend.runner import Clock, EngineRunner
 from kame.tools.base import Tool
 from kame.tools.config import ToolConfig
 from kame.tools.knowledge_tool import KnowledgeTool
@@ -56,7 +56,9 @@ class RuntimeSettings:
     profiles: Mapping[str, BackendProfile] = field(default_factory=lambda: dict(DEFAULT_PROFILES))
     default_profile: str = "embedded"
     planner: PlannerConfig = PlannerConfig()
-    engine_clock: Literal["tick", "eager"] = "tick"  # tick: one batched step per 80 ms for every session
+    # auto: eager on a CPU, tick on a GPU (docs/benchmarks.md, "The frame clock"); tick: one batched step
+    # per 80 ms for every session; eager: a step as soon as a frame arrives
+    engine_clock: Literal["auto", "tick", "eager"] = "auto"
     jitter_frames: int = 3  # input frames a session may queue before it skips to live (tick clock)
     batch_window_s: float = 0.02  # eager clock: how long a ready session waits for the others
     max_pending_frames: int = 25  # hard cap of a session's input queue
@@ -74,6 +76,21 @@ class RuntimeSettings:
 
     def resolved_max_sessions(self, cuda: bool) -> int:
         return default_max_sessions(self.max_sessions, cuda)
+
+    def resolved_engine_clock(self, cuda: bool) -> Clock:
+        return default_engine_clock(self.engine_clock, cuda)
+
+
+def default_engine_clock(clock: str, cuda: bool) -> Clock:
+    """The frame clock: as set, else (auto) eager on a CPU and tick on a GPU. Measured on this project's
+    2-core CPU (docs/benchmarks.md): a step there costs a share of the CPU that the sessions' ASR and
+    I/O need too, and the tick's one step per frame waits out the spread of the sessions' phases (1.6x
+    eager's latency for 8 sessions spread over the frame), so eager gives the lower latency; the tick
+    saves the steps (0.43x), which is what runs out on a GPU carrying many sessions in one batch (a
+    step costs the whole batch): unmeasured on a GPU so far (scripts/gpu_bench.sh compares them)."""
+    if clock == "auto":
+        return "tick" if cuda else "eager"
+    return clock  # type: ignore[return-value]
 
 
 def default_max_sessions(max_sessions: int | None, cuda: bool) -> int:
@@ -242,11 +259,13 @@ def log_default_frontend(cuda: bool) -> str:
 
 def _start_engine(settings: RuntimeSettings, frontend: Frontend, cuda: bool, on_step) -> tuple:
     sessions = settings.resolved_max_sessions(cuda)
-    logger.info("[2/4] starting the batched engine: %d session slots, %s clock", sessions, settings.engine_clock)
+    clock = settings.resolved_engine_clock(cuda)
+    logger.info("[2/4] starting the batched engine: %d session slots, %s clock%s", sessions, clock,
+                " (auto)" if settings.engine_clock == "auto" else "")
     try:
-        engine = BatchedEngine(frontend, sessions)
+        engine = (NullEngine if settings.frontend == "null" else BatchedEngine)(frontend, sessions)
         threads = settings.engine_threads or (None if cuda else 1)
-        runner = EngineRunner(engine, clock=settings.engine_clock, jitter_frames=settings.jitter_frames,
+        runner = EngineRunner(engine, clock=clock, jitter_frames=settings.jitter_frames,
                               batch_window_s=settings.batch_window_s, max_pending_frames=settings.max_pending_frames,
                               on_step=on_step, torch_threads=threads).start()
         _warm_up(runner)

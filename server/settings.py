@@ -130,8 +130,10 @@ class ServerSettings(BaseSettings):
     tools: dict[str, ToolConfig] = Field(default_factory=dict)  # [tools.NAME]; none: the LLM is offered no tools
     knowledge: KnowledgeSettings = Field(default_factory=KnowledgeSettings)
     replica: str | None = Field(None, exclude=True)  # set by `kame serve --ray` in each replica: its stable id
-    engine_clock: Literal["tick", "eager"] = "tick"  # tick: one batched step per 80 ms frame for every session
-    jitter_frames: int = Field(3, ge=0)  # input frames a session may queue before it skips to live (tick)
+    # auto: eager on a CPU, tick on a GPU; tick: one batched step per 80 ms frame for every session;
+    # eager: a step as soon as a frame arrives (docs/architecture.md, "The frame clock")
+    engine_clock: Literal["auto", "tick", "eager"] = "auto"
+    jitter_frames: int = Field(3, ge=0)  # input frames a live session may hold at a step before it skips to live
     batch_window_ms: float = Field(20.0, ge=0, le=80)  # eager clock: how long a ready session waits for the others
     engine_threads: int | None = Field(None, ge=1)  # torch threads of the engine thread; None: 1 on CPU
     max_pending_frames: int = Field(25, ge=1)  # hard cap of a session's input frame queue (oldest dropped)

@@ -155,7 +155,8 @@ def test_the_oracle_reaches_the_front_end_while_the_user_is_still_talking():
 
 @pytest.mark.slow
 def test_eight_out_of_phase_sessions_share_one_step_per_frame():
-    with running_server(asr="none", max_sessions=8) as (url, services):
+    # the tick clock, as a GPU server runs it (a CPU's default is eager: docs/benchmarks.md)
+    with running_server(asr="none", max_sessions=8, engine_clock="tick") as (url, services):
         async def one(offset_s: float, seconds: float) -> tuple[int, int, float]:
             await asyncio.sleep(offset_s)
             client = await KameClient.connect(url + "/api/chat", audio="pcm")
