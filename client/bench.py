@@ -11,6 +11,8 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import numpy as np
+
 from client.loadgen import load_level, percentile_ms
 
 FRAME_MS = 80.0
@@ -26,6 +28,8 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     load.add_argument("--token", default=None, help="auth token, if the server needs one")
     load.add_argument("--transport", default="moshi", choices=["moshi", "realtime", "both"],
                       help="moshi: /api/chat; realtime: /v1/realtime; both: each level on both, side by side")
+    load.add_argument("--input", default=None,
+                      help="audio file each session speaks, looped (default: noise, which ASR leaves alone)")
     load.add_argument("--json-out", default=None)
     load.set_defaults(func=run_load)
 
@@ -37,17 +41,32 @@ def http_base(url: str) -> str:
 
 
 def scrape(url: str) -> dict[str, float]:
-    """A few figures from the server's /metrics."""
+    """A few figures from the server's /metrics (the event loop's lag histogram as `lag_le_<bound>`)."""
     text = urllib.request.urlopen(f"{http_base(url)}/metrics", timeout=5).read().decode()
     wanted = {"process_cpu_seconds_total": "cpu_s", "process_resident_memory_bytes": "rss_bytes",
               "kame_engine_step_seconds_sum": "step_sum", "kame_engine_step_seconds_count": "step_count",
-              "kame_frames_stepped_total": "frames_stepped"}
+              "kame_frames_stepped_total": "frames_stepped", "kame_event_loop_lag_seconds_sum": "lag_sum",
+              "kame_event_loop_lag_seconds_count": "lag_count"}
     figures = {}
     for line in text.splitlines():
         match = re.match(r"^(\w+) ([0-9.e+-]+)$", line)
         if match and match.group(1) in wanted:
             figures[wanted[match.group(1)]] = float(match.group(2))
+        bucket = re.match(r'^kame_event_loop_lag_seconds_bucket\{le="([^"]+)"\} ([0-9.e+-]+)$', line)
+        if bucket:
+            figures[f"lag_le_{bucket.group(1)}"] = float(bucket.group(2))
     return figures
+
+
+def loop_lag(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    """The event loop's lag over a level: mean, and the bucket bound under which 99 % of it fell (ms)."""
+    count = after.get("lag_count", 0) - before.get("lag_count", 0)
+    if not count:
+        return {"mean": None, "p99_under": None}
+    bounds = sorted((float(key[7:]), after[key] - before.get(key, 0)) for key in after if key.startswith("lag_le_"))
+    p99 = next((bound for bound, n in bounds if n >= 0.99 * count), float("inf"))
+    return {"mean": round(1000 * (after.get("lag_sum", 0) - before.get("lag_sum", 0)) / count, 2),
+            "p99_under": round(1000 * p99, 1) if p99 != float("inf") else None}
 
 
 def wait_for_free_slots(url: str, wanted: int, limit_s: float = 10.0) -> None:
@@ -61,10 +80,13 @@ def wait_for_free_slots(url: str, wanted: int, limit_s: float = 10.0) -> None:
         time.sleep(0.1)
 
 
-def measure(url: str, sessions: int, seconds: float, transport: str = "moshi") -> dict:
+def measure(url: str, sessions: int, seconds: float, transport: str = "moshi",
+            speech: np.ndarray | None = None) -> dict:
     wait_for_free_slots(url, sessions)
     before, started = scrape(url), time.monotonic()
-    run = asyncio.run(load_level(url, sessions, seconds, transport=transport))
+    cpu = time.process_time()
+    run = asyncio.run(load_level(url, sessions, seconds, transport=transport, speech=speech))
+    client_cpu = time.process_time() - cpu
     after, wall = scrape(url), time.monotonic() - started
     steps = after.get("step_count", 0) - before.get("step_count", 0)
     step_ms = 1000 * (after.get("step_sum", 0) - before.get("step_sum", 0)) / steps if steps else None
@@ -82,6 +104,8 @@ def measure(url: str, sessions: int, seconds: float, transport: str = "moshi") -
         "overhead_ms": {"p50": None if p50 is None or step_ms is None else round(p50 - step_ms, 2),
                         "p99": None if p99 is None or step_ms is None else round(p99 - step_ms, 2)},
         "server_cpu_cores": round((after.get("cpu_s", 0) - before.get("cpu_s", 0)) / wall, 2),
+        "client_cpu_cores": round(client_cpu / wall, 2),  # the load generator's own, beside the server's
+        "loop_lag_ms": loop_lag(before, after),
         "server_rss_mb": round(after.get("rss_bytes", 0) / 2**20),
     }
 
@@ -90,10 +114,14 @@ def run_load(args: argparse.Namespace) -> int:
     url = args.url + (("&" if "?" in args.url else "?") + f"token={args.token}" if args.token else "")
     levels = [int(x) for x in args.levels.split(",")] if args.levels else _doubling(args.sessions)
     transports = ["moshi", "realtime"] if args.transport == "both" else [args.transport]
+    speech = None
+    if args.input:
+        from kame.audio import read_audio
+        speech = read_audio(args.input)
     rows = []
     for sessions in levels:
         for transport in transports:  # side by side: each level on each transport, one after the other
-            row = measure(url, sessions, args.seconds, transport)
+            row = measure(url, sessions, args.seconds, transport, speech)
             rows.append(row)
             print(json.dumps(row), flush=True)
     fitting = [r["sessions"] for r in rows if r["round_trip_ms"]["p99"] is not None

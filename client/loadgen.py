@@ -145,7 +145,7 @@ REALTIME_LOAD_SESSION = {"kame": {"activity": "text+audio", "feed_silence": Fals
 
 
 async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.Random,
-                         transport: str = "moshi") -> None:
+                         transport: str = "moshi", speech: np.ndarray | None = None) -> None:
     from client.realtime_client import RealtimeAudio
 
     try:
@@ -180,13 +180,18 @@ async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.
     await asyncio.sleep(rng.random() * FRAME / RATE)  # sessions do not start in lockstep
     noise = (np.random.default_rng(rng.randrange(1 << 30)).standard_normal(FRAME) * 0.05).astype(np.float32)
     frames = int(seconds * RATE / FRAME)
+    if speech is not None:  # the speech and a 1 s pause (a turn's end), looped, each session from its own point
+        turn = np.concatenate([speech, np.zeros(RATE, np.float32)])
+        audio = np.resize(np.roll(turn, -rng.randrange(len(turn))), frames * FRAME)
+    else:
+        audio = np.tile(noise, frames)
 
     async def send(frame: np.ndarray) -> None:
         sent_at.append(time.monotonic())
         await client.send_pcm(frame)
 
     with contextlib.suppress(ConnectionClosed):
-        await send_paced(send, np.tile(noise, frames))
+        await send_paced(send, audio)
         await asyncio.sleep(0.5)
     await client.close()
     await task
@@ -230,10 +235,13 @@ class _MoshiFrames:
         self.pending = []
 
 
-async def load_level(url: str, sessions: int, seconds: float, seed: int = 0, transport: str = "moshi") -> LatencyRun:
+async def load_level(url: str, sessions: int, seconds: float, seed: int = 0, transport: str = "moshi",
+                     speech: np.ndarray | None = None) -> LatencyRun:
+    """`sessions` timed sessions at once, each sending noise (or `speech`, 24 kHz, and a pause, looped) in
+    real time."""
     run = LatencyRun(sessions, seconds)
     rng = random.Random(seed)
-    await asyncio.gather(*(_timed_session(url, seconds, run, random.Random(rng.random()), transport)
+    await asyncio.gather(*(_timed_session(url, seconds, run, random.Random(rng.random()), transport, speech)
                            for _ in range(sessions)))
     return run
 

@@ -133,9 +133,11 @@ def create_app(settings: ServerSettings, services: Services | None = None,
         if on_ready is not None:
             on_ready(app)
         stop_watching = watch_knowledge(app.state.services)
+        probe = asyncio.get_running_loop().create_task(app.state.services.metrics.probe_loop(), name="loop-probe")
         try:
             yield
         finally:
+            probe.cancel()
             stop_watching()
             await drain()
             codec.close()

@@ -3,6 +3,8 @@ observes a tandem session's events, the engine's counters are read at each scrap
 
 from __future__ import annotations
 
+import asyncio
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -28,6 +30,7 @@ from kame.session_events import (
 
 _MS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 _S_BUCKETS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4)
+LOOP_PROBE_S = 0.1  # how often the event loop's lag is sampled
 _LEAD_BUCKETS = (-3.2, -1.6, -0.8, -0.4, -0.2, 0.0, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4)
 
 
@@ -67,6 +70,9 @@ class Metrics:
                                       buckets=_S_BUCKETS, registry=r)
         self.knowledge_seconds = Histogram("kame_knowledge_retrieval_seconds", "knowledge retrieval per attempt",
                                            buckets=_MS_BUCKETS, registry=r)
+        self.loop_lag = Histogram("kame_event_loop_lag_seconds", "how late the event loop ran a task due every "
+                                  f"{LOOP_PROBE_S * 1000:.0f} ms (a busy or blocked loop delays every session)",
+                                  buckets=_MS_BUCKETS, registry=r)
 
     def watch_runtime(self, runtime) -> None:
         """Read the engine's slot count and counters at each scrape."""
@@ -82,6 +88,14 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    async def probe_loop(self, every_s: float = LOOP_PROBE_S) -> None:
+        """Forever: sleep `every_s` on the loop and record how much later than that it woke."""
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + every_s
+            await asyncio.sleep(every_s)
+            self.loop_lag.observe(max(0.0, loop.time() - due))
 
 
 class _RunnerCollector:

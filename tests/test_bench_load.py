@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import numpy as np
 
 from client.loadgen import FRAME, _MoshiFrames
 from kame.cli import main
+from kame.frontend.engine import FRAME_SIZE, BatchedEngine, NullEngine
+from kame.frontend.oracle import OracleUpdate
 
 from .server_harness import running_server
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def test_moshi_frames_back_are_matched_past_the_drops_the_server_counts():
@@ -61,3 +68,40 @@ def test_bench_load_drives_both_transports_side_by_side(tmp_path, capsys):
         rt = level["round_trip_ms"]
         assert 0 < rt["p50"] <= rt["p95"] <= rt["p99"] < 1000  # matched frame to frame, not shifted by one
     assert "| realtime | 2 |" in capsys.readouterr().out
+
+
+def test_the_null_frontend_echoes_speech_and_the_loop_lag_is_reported(tmp_path):
+    """`--frontend null` (host-side benchmarks): each frame back is the frame sent at half the level,
+    and a level reports the event loop's lag from the server's own probe."""
+    out = tmp_path / "load.json"
+    with running_server(asr="none", max_sessions=2, frontend="null") as (url, services):
+        code = main(["bench", "load", "--url", url + "/api/chat", "--levels", "2", "--seconds", "2",
+                     "--input", str(FIXTURES / "question.wav"), "--json-out", str(out)])
+        lag_samples = services.metrics.loop_lag.collect()[0].samples
+    assert code == 0
+    level = json.loads(out.read_text())["levels"][0]
+    assert level["refused"] == 0 and level["frames_dropped"] <= 2
+    count = next(s.value for s in lag_samples if s.name.endswith("_count"))
+    assert count >= 10  # the probe ran every 100 ms while the level did
+    assert level["loop_lag_ms"]["mean"] is not None and level["loop_lag_ms"]["mean"] >= 0
+    assert level["client_cpu_cores"] > 0
+
+
+def test_the_null_engine_steps_nothing_but_keeps_the_slots_books(tiny):
+    frame = np.linspace(-1, 1, FRAME_SIZE, dtype=np.float32)
+    runs = {}
+    for kind in (NullEngine, BatchedEngine):
+        engine = kind(tiny, batch_size=2)
+        try:
+            slot = engine.acquire()
+            engine.push_oracle(slot, OracleUpdate.reset(0, (10, 11)))
+            runs[kind] = [engine.step({slot: frame})[0] for _ in range(4)]
+        finally:
+            engine.close()
+    null, real = runs[NullEngine], runs[BatchedEngine]
+    assert [out.frame for out in null] == [0, 1, 2, 3]
+    assert all(np.array_equal(out.pcm, frame * 0.5) and out.audio_ready and out.text_token is None for out in null)
+    # the oracle timeline and its updates as the real engine keeps them
+    assert [out.oracle_token for out in null] == [out.oracle_token for out in real]
+    assert [out.applied for out in null] == [out.applied for out in real]
+    assert len(null[0].applied) == 1

@@ -224,6 +224,24 @@ class BatchedEngine:
         self._stack.close()
 
 
+class NullEngine(BatchedEngine):
+    """A batch whose step computes nothing: each slot's input frame comes back as its output, at half
+    the level, with no text; the slots, their frame counts and oracle timelines are kept as the real
+    engine keeps them. The front-end preset `null` runs on it, so that a benchmark measures the host
+    side of the server (websocket I/O, Opus, the ASR feed, the planners) without a model's compute."""
+
+    def step(self, frames: Mapping[int, np.ndarray], timings: dict[str, float] | None = None) -> list[FrameOutput]:
+        outputs = []
+        for slot in sorted(frames):
+            self._check_slot(slot)
+            applied = self._apply_pending(slot)
+            oracle = self._timelines[slot].token_at(self._frames[slot])
+            self._frames[slot] += 1
+            pcm = np.asarray(frames[slot], dtype=np.float32) * 0.5
+            outputs.append(FrameOutput(slot, self._frames[slot] - 1, pcm, True, None, oracle, applied))
+        return outputs
+
+
 class _SlotLMGen(LMGen):
     """moshi's LMGen sampling each slot with its own settings (text: through moshi's logits hook;
     audio: in this depformer step, which moshi graphs on CUDA)."""

@@ -159,6 +159,16 @@ RANDOM_PRESETS: dict[str, RandomPreset] = {
         tokenizer=TINY_COPY_DIR / "tokenizer.model",
         description="random tiny Moshi + tiny Mimi, for plumbing tests and CPU benchmarks",
     ),
+    # the tiny model's configs, but the engine steps nothing (kame.frontend.engine.NullEngine): the
+    # host side of a server (I/O, Opus, ASR feed, planners) measured without a model's compute
+    "null": RandomPreset(
+        name="null",
+        lm_config=TINY_LM_CONFIG,
+        mimi_config=TINY_MIMI_CONFIG,
+        lm_gen_config=GREEDY_GEN_CONFIG,
+        tokenizer=TINY_COPY_DIR / "tokenizer.model",
+        description="no model compute: each frame's input comes back as its output (for host-side benchmarks)",
+    ),
     "moshi-7b-random": RandomPreset(
         name="moshi-7b-random",
         lm_config=MOSHI_7B_LM_CONFIG,
