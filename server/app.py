@@ -21,7 +21,7 @@ from kame.errors import EngineError, SessionError
 from kame.protocol import ProtocolError
 from kame.runtime import log_index_stats
 from server.access import AccessControl, Refusal
-from server.codec_thread import CodecThread
+from server.codec_process import CodecPool
 from server.realtime import RealtimeSession
 from server.services import Services
 from server.session import Session, SessionOptions
@@ -140,7 +140,7 @@ def create_app(settings: ServerSettings, services: Services | None = None,
             probe.cancel()
             stop_watching()
             await drain()
-            codec.close()
+            app.state.codec.close()
             await app.state.services.runtime.aclose_llms()  # on the loop that used them
             if services is None:
                 await asyncio.to_thread(app.state.services.runtime.close)
@@ -164,7 +164,6 @@ def create_app(settings: ServerSettings, services: Services | None = None,
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     access = AccessControl(settings)
-    codec = CodecThread()
     app.state.sessions = set()
     app.state.draining = False
 
@@ -179,7 +178,8 @@ def create_app(settings: ServerSettings, services: Services | None = None,
     async def chat(ws: WebSocket) -> None:
         services = app.state.services
         await run_session(ws, services, access, app.state.sessions, app.state.draining,
-                          lambda: Session(ws, services, SessionOptions.from_query(ws.query_params), codec))
+                          lambda: Session(ws, services, SessionOptions.from_query(ws.query_params),
+                                          app.state.codec.stream()))
 
     @app.websocket("/v1/realtime")
     async def realtime(ws: WebSocket) -> None:

@@ -69,6 +69,9 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         config = uvicorn.Config(create_app(settings, services), host=settings.host, port=settings.port,
                                 log_level="info", ws="websockets", lifespan="on",
+                                # no permessage-deflate: Opus does not compress, and deflating every
+                                # frame cost both ends CPU (it showed in the host-side profile)
+                                ws_per_message_deflate=False,
                                 # Realtime events carry audio as base64 (4/3 the bytes); a frame up
                                 # to 4x that gets a clear error event, beyond it the socket closes
                                 ws_max_size=4 * (settings.max_message_bytes * 4 // 3 + 4096))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from starlette.websockets import WebSocket
 
 import kame
-from kame.codec import OpusDecoder, OpusEncoder, pcm16_decode, pcm16_encode
+from kame.codec import pcm16_decode, pcm16_encode
 from kame.frontend.sampling import SAMPLING_PARAMETERS, Sampling
 from kame.protocol import (
     ErrorEvent,
@@ -30,7 +30,7 @@ from kame.protocol import (
 )
 from kame.session import TandemSession
 from kame.session_events import AssistantAudio, AssistantText, SessionFailed, SessionStats
-from server.codec_thread import CodecThread
+from server.codec_process import CodecError, OpusStream
 from server.services import Services
 from server.transport import Ended, SocketSession
 
@@ -88,10 +88,15 @@ class Session(SocketSession):
 
     transport = "moshi"
 
-    def __init__(self, ws: WebSocket, services: Services, options: SessionOptions, codec: CodecThread) -> None:
+    def __init__(self, ws: WebSocket, services: Services, options: SessionOptions, opus: OpusStream) -> None:
         super().__init__(ws, services)
-        self.options, self.codec = options, codec
-        self._opus_in, self._opus_out = OpusDecoder(), OpusEncoder()
+        self.options, self._opus = options, opus  # its Opus decoder and encoder, in a codec process
+
+    async def run(self, tandem: TandemSession) -> None:
+        try:
+            await super().run(tandem)
+        finally:
+            self._opus.close()
 
     async def open(self) -> TandemSession:
         """Take an engine slot for this connection (SlotsBusy, SessionError)."""
@@ -133,7 +138,10 @@ class Session(SocketSession):
             raise ProtocolError(f"message of {len(data)} bytes exceeds {self.settings.max_message_bytes}")
         kind, payload = decode(data)
         if kind is Kind.AUDIO:
-            tandem.push_pcm(await self.codec.run(self._opus_in.decode, payload))
+            try:
+                tandem.push_pcm(await self._opus.decode(payload))
+            except CodecError as exc:  # the codec process is being restarted: this frame is lost, not the session
+                logger.warning("session %s: %s; an audio message dropped", self.id, exc)
         elif kind is Kind.PCM:
             tandem.push_pcm(pcm16_decode(payload))
         elif kind is Kind.CLIENT_JSON:
@@ -147,7 +155,7 @@ class Session(SocketSession):
             if isinstance(event, AssistantAudio):
                 if self.options.audio == "pcm":
                     self._send.put(encode(Kind.PCM, pcm16_encode(event.pcm)), droppable=True)
-                elif opus := await self.codec.run(self._opus_out.encode, event.pcm):
+                elif opus := await self._encode(event.pcm):
                     self._send.put(encode(Kind.AUDIO, opus), droppable=True)
                 self._count_dropped(tandem)
             elif isinstance(event, AssistantText):
@@ -164,6 +172,13 @@ class Session(SocketSession):
         raise Ended("the session ended")
 
     # ---------------------------------------------------------------- helpers
+
+    async def _encode(self, pcm) -> bytes:
+        try:
+            return await self._opus.encode(pcm)
+        except CodecError as exc:  # as for decoding: a frame of the answer lost, not the session
+            logger.warning("session %s: %s; a frame of audio dropped", self.id, exc)
+            return b""
 
     def _event(self, event, record: bool = True) -> None:
         if record and self._recorder is not None:

@@ -137,6 +137,8 @@ class ServerSettings(BaseSettings):
     batch_window_ms: float = Field(20.0, ge=0, le=80)  # eager clock: how long a ready session waits for the others
     engine_threads: int | None = Field(None, ge=1)  # torch threads of the engine thread; None: 1 on CPU
     max_pending_frames: int = Field(25, ge=1)  # hard cap of a session's input frame queue (oldest dropped)
+    # processes for the sessions' Opus (server/codec_process.py); None: one per 32 engine slots
+    codec_processes: int | None = Field(None, ge=1)
     send_queue_messages: int = Field(64, ge=4)  # output messages buffered per session (oldest audio dropped)
     max_message_bytes: int = Field(1 << 20, ge=1024)
     stats_interval_s: float = Field(1.0, gt=0)  # how often a session gets a stats event
@@ -196,6 +198,11 @@ class ServerSettings(BaseSettings):
         if os.environ.get("OPENAI_API_KEY"):
             return "openai", "OPENAI_API_KEY is set"
         return "embedded", "no OPENAI_API_KEY: the small in-process model (a demo; set a key or --llm for real answers)"
+
+    def resolved_codec_processes(self, slots: int) -> int:
+        """Opus processes: as set, else one per 32 engine slots (one carried 64 sessions' Opus at 0.8 of a
+        core on this project's CPU: docs/scaling.md)."""
+        return self.codec_processes or max(1, -(-slots // 32))
 
     def planner_config(self) -> PlannerConfig:
         return PlannerConfig(system_prompt=self.system_prompt, knowledge_limit=self.knowledge.limit,
