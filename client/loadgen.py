@@ -246,5 +246,38 @@ async def load_level(url: str, sessions: int, seconds: float, seed: int = 0, tra
     return run
 
 
+def _load_part(url: str, sessions: int, seconds: float, seed: int, transport: str,
+               speech: np.ndarray | None) -> tuple[LatencyRun, float]:
+    """One load generator process' share of a level (run in a child), and its CPU seconds."""
+    import time as _time
+
+    cpu = _time.process_time()
+    run = asyncio.run(load_level(url, sessions, seconds, seed, transport, speech))
+    return run, _time.process_time() - cpu
+
+
+def load_level_in_processes(url: str, sessions: int, seconds: float, processes: int, transport: str = "moshi",
+                            speech: np.ndarray | None = None) -> tuple[LatencyRun, float]:
+    """A level's sessions spread over `processes` load generators (each session's Opus encoding holds its
+    process' GIL for ~1 ms a frame, so one process cannot carry many): their runs merged, and their CPU
+    seconds summed."""
+    import concurrent.futures
+    import multiprocessing
+
+    shares = [sessions // processes + (i < sessions % processes) for i in range(processes)]
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=context) as pool:
+        parts = list(pool.map(_load_part, *zip(*[(url, n, seconds, i, transport, speech)
+                                                  for i, n in enumerate(shares) if n], strict=True)))
+    merged = LatencyRun(sessions, seconds)
+    for run, _ in parts:
+        merged.round_trips.extend(run.round_trips)
+        merged.frames_sent += run.frames_sent
+        merged.frames_received += run.frames_received
+        merged.refused += run.refused
+        merged.frames_unmatched += run.frames_unmatched
+    return merged, sum(cpu for _, cpu in parts)
+
+
 def percentile_ms(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)) * 1000, 2) if values else None
