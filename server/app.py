@@ -122,8 +122,9 @@ def create_app(settings: ServerSettings, services: Services | None = None,
     """The app; it loads its services at start-up unless `services` are given (tests).
 
     `on_ready(app)` runs on the app's loop once the services are up (Ray replicas start their
-    reporting there); `health_extra()` adds to /healthz (the cluster's replicas); `metrics_source()`
-    replaces /metrics' own figures (the cluster's, each replica's labelled)."""
+    reporting there); `health_extra()` adds to /healthz (the cluster's replicas and readiness: a
+    "status" other than "ready" answers 503); `metrics_source()` replaces /metrics' own figures
+    (the cluster's, each replica's labelled)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -153,7 +154,8 @@ def create_app(settings: ServerSettings, services: Services | None = None,
         current: Services | None = app.state.services
         if current is None:
             return JSONResponse({"status": "loading"}, status_code=503)
-        return JSONResponse(current.health() | (await health_extra() if health_extra is not None else {}))
+        health = current.health() | (await health_extra() if health_extra is not None else {})
+        return JSONResponse(health, status_code=200 if health["status"] == "ready" else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

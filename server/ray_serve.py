@@ -8,6 +8,10 @@ replica with room, and a replica whose slots are all taken still takes a few req
 session beyond them is refused at once with the app's own HTTP 503 (not Ray's bare 500, not a
 wait in Ray's queue) and `/healthz`, `/metrics` and the page still answer.
 
+Readiness is Serve's own: a replica is RUNNING (routable) only once its constructor, which runs the
+app's lifespan to its end, and its first `check_health` are done; `/healthz` says ready when the
+deployment has as many RUNNING replicas as it wants (`readiness`), and 503 while fewer are warm.
+
 Checked with Ray 2.53 (the newest whose `serve` extra installs beside moshi's aiohttp pin; it
 needs protobuf < 7): docs/scaling.md.
 """
@@ -75,6 +79,42 @@ class Registry:
 _registry = None  # the driver's handle of the Registry actor
 
 
+def readiness(deployment: dict | None) -> dict:
+    """The cluster's readiness from Serve's details of the deployment (the controller's
+    `get_serve_instance_details()`: `target_num_replicas`, `deployment_config`, `replicas`).
+
+    Warm replicas are the RUNNING ones: Serve marks a replica RUNNING only after its constructor,
+    which runs the app's lifespan (models loaded and warmed), so only those take sessions. Wanted:
+    Serve's target for a fixed count (`--replicas N`: N); with autoscaling its `min_replicas` (or
+    the target, when lower), so that a scale-up, during which the warm replicas serve on, does not
+    mark the whole endpoint unready for the minute a new replica loads."""
+    if deployment is None:
+        return {"status": "unknown", "warm_replicas": None, "wanted_replicas": None}
+    wanted = deployment["target_num_replicas"]
+    autoscaling = (deployment.get("deployment_config") or {}).get("autoscaling_config")
+    if autoscaling:
+        wanted = min(wanted, autoscaling.get("min_replicas", 1))
+    warm = sum(1 for replica in deployment.get("replicas", []) if replica.get("state") == "RUNNING")
+    return {"status": "ready" if warm >= wanted else "warming", "warm_replicas": warm, "wanted_replicas": wanted}
+
+
+class Replica:
+    """The deployment's class around the app: Serve calls `check_health` after the constructor, before
+    the replica is RUNNING (routable), then every `health_check_period_s`; a replica whose app has not
+    finished its start-up fails it, so it never takes a session (`self.app`: serve.ingress's wrapper)."""
+
+    def check_health(self) -> None:
+        if not getattr(self.app.state, "warm", False):
+            raise RuntimeError("the app's start-up (loading and warming the models) has not finished")
+
+
+async def serve_readiness(controller, app_name: str, deployment: str, timeout_s: float = 2.0) -> dict:
+    """`readiness` of the deployment, from Serve's controller (one small RPC: about 5 ms)."""
+    details = await asyncio.wait_for(controller.get_serve_instance_details.remote(), timeout_s)
+    app = details.get("applications", {}).get(app_name) or {}
+    return readiness(app.get("deployments", {}).get(deployment))
+
+
 @dataclass(frozen=True)
 class RayOptions:
     replicas: int = 1  # fixed replicas, or:
@@ -96,6 +136,7 @@ def build_app(settings: ServerSettings):
     """The ingress builder: runs in each replica, where it names the replica in the settings."""
     import ray
     from ray import serve
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
 
     from server.app import create_app
 
@@ -105,16 +146,25 @@ def build_app(settings: ServerSettings):
     # all as one (Ray Serve passes no client address on)
     settings = settings.model_copy(update={"replica": replica, "max_connections_per_ip": 1_000_000})
     registry = ray.get_actor(REGISTRY, namespace=NAMESPACE)
+    controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
 
     def on_ready(app) -> None:
+        app.state.warm = True  # Replica.check_health
         app.state.reporter = asyncio.get_running_loop().create_task(_report(app, replica, registry))
 
     async def cluster() -> dict:
+        """/healthz: the cluster's readiness (its "status" makes a 503 unless ready), and the replicas'
+        figures from the registry."""
         try:
-            return {"replicas": await asyncio.wait_for(registry.snapshot.remote(), 2.0)}
+            ready = await serve_readiness(controller, context.app_name, context.deployment)
+        except Exception as exc:  # Serve's controller gone or slow: readiness cannot be told
+            logger.warning("Serve's controller did not answer: %s", exc)
+            ready = readiness(None)
+        try:
+            return ready | {"replicas": await asyncio.wait_for(registry.snapshot.remote(), 2.0)}
         except Exception as exc:  # the registry gone or slow: this replica's own health still answers
             logger.warning("the replica registry did not answer: %s", exc)
-            return {"replicas": None}
+            return ready | {"replicas": None}
 
     async def cluster_metrics() -> bytes:
         try:
@@ -193,7 +243,7 @@ def deployment(settings: ServerSettings, options: RayOptions, cuda: bool):
     # is then a light update that keeps the running replicas and their sessions
     version = hashlib.sha256(settings.model_dump_json().encode()).hexdigest()[:16]
     return serve.deployment(
-        serve.ingress(builder)(), name=APP_NAME, version=version, max_ongoing_requests=slots + HEADROOM,
+        serve.ingress(builder)(Replica), name=APP_NAME, version=version, max_ongoing_requests=slots + HEADROOM,
         ray_actor_options=actor,
         # a new session goes to the replica with the fewest, by a live count (server/ray_router.py)
         request_router_config={"request_router_class": "server.ray_router.FewestSessionsRouter"},

@@ -1,8 +1,10 @@
 """`kame serve --ray` on a real local Ray instance: 2 replicas x 2 slots of tiny-copy behind Serve's
-proxy. Sessions opened together land 2 + 2 and each hears its own frames back; a fifth is refused at
-once with the app's own 503; /healthz answers while every slot is held; the moment sessions end, new
-ones spread again; a replica that dies closes its sessions (the client is told, and its reconnect
-lands on a live replica) and is replaced; a replica scaled away keeps its session until it ends."""
+proxy. /healthz says ready only once both replicas are warm, and the sessions that fill every slot,
+opened the instant it does, all land; sessions opened together land 2 + 2 and each hears its own
+frames back; a fifth is refused at once with the app's own 503; /healthz answers while every slot is
+held; the moment sessions end, new ones spread again; a replica that dies closes its sessions (the
+client is told, and its reconnect lands on a live replica) and is replaced; a replica scaled away
+keeps its session until it ends."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -38,10 +41,13 @@ def cluster():
         monkeypatch.setenv(name, "0.5")
     settings = load_settings(None, frontend="tiny-copy", device="cpu", asr="none", llm="local", max_sessions=2,
                              port=port, engine_threads=1)
+    url, base = f"ws://127.0.0.1:{port}/api/chat", f"http://127.0.0.1:{port}"
     started = time.monotonic()
-    ray_serve.start(settings, ray_serve.RayOptions(replicas=2, local_cpus=4, num_cpus=0.5), cuda=False)
+    # one replica, then a second: the scale-up is watched (test_healthz_is_ready_once_every_replica_is_warm)
+    ray_serve.start(settings, ray_serve.RayOptions(replicas=1, local_cpus=4, num_cpus=0.5), cuda=False)
+    scale_up = run_closing(lambda: scale_up_watched(settings, url, base))
     print(f"local Ray + 2 replicas up in {time.monotonic() - started:.1f} s")
-    yield settings, f"ws://127.0.0.1:{port}/api/chat", f"http://127.0.0.1:{port}"
+    yield settings, url, base, scale_up
     ray_serve.stop()
     monkeypatch.undo()
 
@@ -60,6 +66,10 @@ class Talker:
     @classmethod
     async def open(cls, url: str) -> Talker:
         return cls(await KameClient.connect(url, events=True, open_timeout=20))
+
+    async def ready(self) -> None:
+        """Once the session's ready event has come (it names the replica)."""
+        await wait_until(lambda: self.replica is not None, "the ready event", 15)
 
     @property
     def accounted(self) -> int:
@@ -106,11 +116,69 @@ def run_closing(scenario):
 
 
 def healthz(base: str) -> dict:
-    return json.loads(urllib.request.urlopen(f"{base}/healthz", timeout=10).read())
+    """/healthz's body, whatever its status (503 while the cluster warms)."""
+    try:
+        return json.loads(urllib.request.urlopen(f"{base}/healthz", timeout=10).read())
+    except urllib.error.HTTPError as error:
+        return json.loads(error.read())
+
+
+async def scale_up_watched(settings, url: str, base: str) -> dict:
+    """From one replica to two, as `serve deploy` of a larger count does, watching /healthz every
+    50 ms: what it said while the new replica warmed, where a session opened then went, and where the
+    sessions filling the three slots left went, opened together the instant /healthz first said ready."""
+    from ray import serve
+
+    old = healthz(base)["replica"]
+    options = ray_serve.RayOptions(replicas=2, num_cpus=0.5)
+    update = asyncio.ensure_future(asyncio.to_thread(
+        serve.run, ray_serve.deployment(settings, options, False), name=ray_serve.APP_NAME, route_prefix="/"))
+    await wait_until(lambda: sum(states().values()) == 2, "a second replica starting", 30)
+    warming, early, early_while_warming = [], None, False
+    deadline = time.monotonic() + 90
+    while (health := await asyncio.to_thread(healthz, base))["status"] != "ready":
+        assert time.monotonic() < deadline, f"/healthz still says {health}"
+        warming.append(health)
+        if early is None:  # a session while the new replica warms
+            early = await Talker.open(url)
+            await early.ready()
+            early_while_warming = (await asyncio.to_thread(healthz, base))["status"] != "ready"
+        await asyncio.sleep(0.05)
+    burst = await asyncio.gather(*(Talker.open(url) for _ in range(3)), return_exceptions=True)
+    landed = [t for t in burst if isinstance(t, Talker)]
+    await asyncio.gather(*(t.ready() for t in landed))
+    await update
+    for talker in (early, *landed):
+        await talker.close()
+    # the slots given back before the tests that count them
+    await wait_until(lambda: [r["free_slots"] for r in healthz(base)["replicas"]] == [2, 2], "all slots free", 15)
+    return {"old": old, "warming": warming, "ready": health, "early": early.replica if early else None,
+            "early_while_warming": early_while_warming, "landed": [t.replica for t in landed],
+            "refused": [repr(e) for e in burst if not isinstance(e, Talker)]}
+
+
+def test_healthz_is_ready_once_every_replica_is_warm(cluster):
+    """A replica added to a running cluster: /healthz (answered by the warm one) says 503 "warming"
+    until the new one is warm, a session opened then goes to the warm replica (the other takes none
+    before its app's start-up has finished), and the instant /healthz says ready, the three free
+    slots take the three sessions opened together: none is refused."""
+    settings, url, base, scale_up = cluster
+    old, warming, ready = scale_up["old"], scale_up["warming"], scale_up["ready"]
+    print(f"scale-up: /healthz said warming {len(warming)} times; sessions: {scale_up['early']} (while "
+          f"warming: {scale_up['early_while_warming']}), then {scale_up['landed']}, refused {scale_up['refused']}")
+    assert warming, "the new replica was warm before /healthz was asked"
+    assert all(h["status"] == "warming" and h["warm_replicas"] == 1 and h["wanted_replicas"] == 2
+               and h["replica"] == old for h in warming)
+    assert ready["warm_replicas"] == 2 and ready["wanted_replicas"] == 2
+    if scale_up["early_while_warming"]:  # /healthz still said warming once the session had opened
+        assert scale_up["early"] == old
+    assert scale_up["refused"] == []
+    replicas = [scale_up["early"], *scale_up["landed"]]
+    assert sorted(replicas.count(r) for r in set(replicas)) == [2, 2]
 
 
 def test_sessions_spread_over_replicas_and_a_fifth_is_refused_at_once(cluster):
-    settings, url, base = cluster
+    settings, url, base, _ = cluster
 
     async def go():
         talkers = await asyncio.gather(*(Talker.open(url) for _ in range(4)))  # all at once
@@ -136,6 +204,7 @@ def test_sessions_spread_over_replicas_and_a_fifth_is_refused_at_once(cluster):
     assert all(t.accounted >= 5 + FRAMES and few_dropped(t.dropped, 5 + FRAMES) for t in talkers)
     assert "busy" in str(busy) and refused_in < 5  # the app's own 503, not Ray's 500 or its queue
     assert health["status"] == "ready" and health["replica"] in replicas and health["free_slots"] == 0
+    assert health["warm_replicas"] == 2 and health["wanted_replicas"] == 2
     assert {r["replica"] for r in health["replicas"]} == set(replicas)
     assert all(r["max_sessions"] == 2 and r["sessions"] == 2 for r in health["replicas"])
     # /metrics through the proxy: the whole cluster's, each sample labelled with its replica
@@ -170,7 +239,7 @@ async def two_sessions(url: str) -> list[Talker]:
 
 
 def test_a_replica_that_dies_closes_its_sessions_and_is_replaced(cluster):
-    settings, url, base = cluster
+    settings, url, base, _ = cluster
     import ray
 
     async def go():
@@ -199,7 +268,7 @@ def test_a_replica_that_dies_closes_its_sessions_and_is_replaced(cluster):
 
 
 def test_a_replica_scaled_away_keeps_its_session_until_it_ends(cluster):
-    settings, url, base = cluster
+    settings, url, base, _ = cluster
 
     async def go():
         await wait_until(lambda: states() == {"RUNNING": 2} and replica_count(base) == 2, "two replicas", 90)
@@ -232,9 +301,10 @@ def test_a_replica_scaled_away_keeps_its_session_until_it_ends(cluster):
 
 
 def test_autoscaling_follows_held_sessions(cluster):
-    """1-2 replicas: two held sessions fill the one replica and a second one starts; a session opened
-    then lands on it; once every session has ended, the cluster goes back to one replica."""
-    settings, url, base = cluster
+    """1-2 replicas: two held sessions fill the one replica and a second one starts (/healthz stays
+    ready: autoscaling wants its minimum warm); a session opened then lands on it; once every session
+    has ended, the cluster goes back to one replica."""
+    settings, url, base, _ = cluster
     from ray import serve
 
     options = ray_serve.RayOptions(autoscale=(1, 2), num_cpus=0.5, upscale_delay_s=1.0, downscale_delay_s=2.0)
@@ -245,6 +315,8 @@ def test_autoscaling_follows_held_sessions(cluster):
         held = await two_sessions(url)  # one replica: both on it, which fills it
         assert held[0].replica == held[1].replica
         started = time.monotonic()
+        await wait_until(lambda: sum(states().values()) == 2, "a second replica starting", 90)
+        during = await asyncio.to_thread(healthz, base)  # autoscaling wants its minimum: still ready
         await wait_until(lambda: states() == {"RUNNING": 2} and replica_count(base) == 2, "a second replica", 90)
         scaled_up_in = time.monotonic() - started
         third = await Talker.open(url)
@@ -253,16 +325,17 @@ def test_autoscaling_follows_held_sessions(cluster):
             await t.close()
         started = time.monotonic()
         await wait_until(lambda: states() == {"RUNNING": 1}, "back to one replica", 90)
-        return held, third, scaled_up_in, time.monotonic() - started
+        return held, third, during, scaled_up_in, time.monotonic() - started
 
-    held, third, scaled_up_in, scaled_down_in = run_closing(go)
+    held, third, during, scaled_up_in, scaled_down_in = run_closing(go)
     print(f"autoscaling: a second replica in {scaled_up_in:.1f} s, back to one in {scaled_down_in:.1f} s")
     assert third.replica != held[0].replica and third.accounted >= 5  # the new replica took it
+    assert during["status"] == "ready" and during["wanted_replicas"] == 1
 
 
 def test_stopping_tells_every_session_like_the_single_server(cluster):
     """What SIGTERM of `kame serve --ray` does (last in this module: the cluster is gone after it)."""
-    settings, url, base = cluster
+    settings, url, base, _ = cluster
 
     async def go():
         talker = await Talker.open(url)

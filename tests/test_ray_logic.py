@@ -1,6 +1,6 @@
-"""The request router of `kame serve --ray`, without a Ray instance: its own count of what it sent
-each replica (driven here as Serve's router drives it: rank, send, the replica's answer, the
-request's end)."""
+"""The pure logic of `kame serve --ray`, without a Ray instance: the cluster's readiness from Serve's
+details of the deployment, and the request router's own count of what it sent each replica (driven
+here as Serve's router drives it: rank, send, the replica's answer, the request's end)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,47 @@ import threading
 
 import pytest
 
+from server.ray_serve import readiness
+
+
+def details(states: list[str], target: int, autoscaling: dict | None = None) -> dict:
+    """A deployment as Serve's controller describes it (`get_serve_instance_details()`), cut down."""
+    config = {"name": "kame"} | ({"autoscaling_config": autoscaling} if autoscaling else {"num_replicas": target})
+    return {"name": "kame", "status": "HEALTHY", "target_num_replicas": target, "deployment_config": config,
+            "replicas": [{"replica_id": f"r{i}", "state": state} for i, state in enumerate(states)]}
+
+
+def test_a_fixed_count_is_ready_only_once_every_replica_runs():
+    assert readiness(details([], 2)) == {"status": "warming", "warm_replicas": 0, "wanted_replicas": 2}
+    assert readiness(details(["RUNNING", "STARTING"], 2)) == {"status": "warming", "warm_replicas": 1,
+                                                              "wanted_replicas": 2}
+    assert readiness(details(["RUNNING", "RUNNING"], 2)) == {"status": "ready", "warm_replicas": 2,
+                                                             "wanted_replicas": 2}
+
+
+def test_replicas_stopping_or_recovering_are_not_warm():
+    # one replaced (the dead one recovering, its replacement starting): warming until it is warm
+    assert readiness(details(["RUNNING", "RECOVERING"], 2))["status"] == "warming"
+    # scaled down from 2 to 1: the one going away drains its sessions, the other is enough
+    assert readiness(details(["RUNNING", "STOPPING"], 1)) == {"status": "ready", "warm_replicas": 1,
+                                                              "wanted_replicas": 1}
+
+
+def test_autoscaling_wants_its_minimum_warm():
+    scaling = {"min_replicas": 1, "max_replicas": 4}
+    # a scale-up under way: the warm replica serves on, the endpoint stays ready
+    assert readiness(details(["RUNNING", "STARTING"], 2, scaling)) == {"status": "ready", "warm_replicas": 1,
+                                                                       "wanted_replicas": 1}
+    assert readiness(details(["STARTING", "STARTING"], 2, {"min_replicas": 2}))["status"] == "warming"
+    # a target below the minimum (Serve's target_capacity): the target
+    assert readiness(details(["RUNNING"], 1, {"min_replicas": 2}))["wanted_replicas"] == 1
+
+
+def test_no_details_is_unknown():
+    assert readiness(None) == {"status": "unknown", "warm_replicas": None, "wanted_replicas": None}
+
+
+# the router
 
 def test_placements_count_from_the_ranking_to_the_end():
     pytest.importorskip("ray.serve")
