@@ -130,6 +130,7 @@ def create_app(settings: ServerSettings, services: Services | None = None,
     async def lifespan(app: FastAPI):
         app.state.services = services or await asyncio.to_thread(Services.start, settings)
         app.state.codec = CodecPool(settings.resolved_codec_processes(app.state.services.runtime.engine.batch_size))
+        await app.state.codec.ready()
         logger.info("ready: ws://%s:%d/api/chat and ws://%s:%d/v1/realtime", settings.host, settings.port,
                     settings.host, settings.port)
         if on_ready is not None:

@@ -15,12 +15,16 @@ loses a frame or two, not its connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
-import multiprocessing
 import queue
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 
 import numpy as np
 
@@ -52,6 +56,9 @@ def _serve(conn) -> None:
         if request is _STOP:
             return
         rid, op, stream, payload = request
+        if op == "ping":  # answered once the imports above are done: the child is ready
+            conn.send((rid, True, None))
+            continue
         if op == "close":
             streams.pop(("decode", stream), None)
             streams.pop(("encode", stream), None)
@@ -73,14 +80,18 @@ def _serve(conn) -> None:
 
 
 class _Child:
-    """One child process, a thread that sends to it and one that reads its answers."""
+    """One child process, a thread that sends to it and one that reads its answers.
+
+    A plain `python -m server.codec_process FD` over a socket pair: multiprocessing's spawn would
+    import the parent's __main__ again in the child (the CLI, or Ray's worker), and fork would copy
+    the server's threads and models."""
 
     def __init__(self, index: int) -> None:
-        context = multiprocessing.get_context("spawn")  # nothing of the server's state is forked
-        self._conn, child_conn = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child_conn,), name=f"kame-codec-{index}", daemon=True)
-        self.process.start()
-        child_conn.close()
+        parent_end, child_end = socket.socketpair()
+        self.process = subprocess.Popen([sys.executable, "-m", "server.codec_process", str(child_end.fileno())],
+                                        pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL)
+        child_end.close()
+        self._conn = Connection(parent_end.detach())
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._pending: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._lock = threading.Lock()
@@ -130,11 +141,13 @@ class _Child:
     def close(self, timeout: float = 2.0) -> None:
         self._outbox.put(_STOP)
         self._sender.join(timeout)
-        self.process.join(timeout)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(timeout)
-        self._conn.close()
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout)
+        with contextlib.suppress(OSError):
+            self._conn.close()
 
 
 def _settle(future: asyncio.Future, ok: bool, result: object) -> None:
@@ -173,7 +186,7 @@ class CodecPool:
                 if child is not None:
                     self.restarts += 1
                     logger.warning("codec process %d stopped (exit code %s): starting it again; its sessions' "
-                                   "Opus streams start over", index, child.process.exitcode)
+                                   "Opus streams start over", index, child.process.poll())
                     child.close(0.5)
                 child = self._children[index] = _Child(index)
             return child
@@ -182,6 +195,12 @@ class CodecPool:
         future = asyncio.get_running_loop().create_future()
         self._child(stream).submit(next(self._requests), op, stream, payload, future)
         return await future
+
+    async def ready(self, timeout_s: float = 30.0) -> None:
+        """Wait until every child has started (its imports take ~0.15 s: a session opened before would
+        wait that long for its first frame)."""
+        await asyncio.wait_for(asyncio.gather(*(self.call("ping", index, None)
+                                                for index in range(len(self._children)))), timeout_s)
 
     def forget(self, stream: int) -> None:
         """The stream's state goes in its child (no answer awaited)."""
@@ -214,3 +233,7 @@ class OpusStream:
 
     def close(self) -> None:
         self._pool.forget(self.id)
+
+
+if __name__ == "__main__":  # a child of CodecPool: the socket's file descriptor is the argument
+    _serve(Connection(int(sys.argv[1])))

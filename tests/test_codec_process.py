@@ -17,6 +17,7 @@ from server.codec_process import CodecError, CodecPool
 @pytest.fixture(scope="module")
 def pool():
     pool = CodecPool(processes=2)
+    asyncio.run(pool.ready())  # both children answer once started
     yield pool
     pool.close()
 
@@ -69,7 +70,7 @@ def test_a_child_that_dies_is_started_again():
             stream = pool.stream()
             first = await stream.encode(_frames(1)[0])
             pool._children[0].process.kill()
-            pool._children[0].process.join(5)
+            pool._children[0].process.wait(5)
             for _ in range(100):  # the reader notices the child is gone
                 if not pool._children[0].alive:
                     break
