@@ -82,12 +82,12 @@ class RuntimeSettings:
 
 
 def default_engine_clock(clock: str, cuda: bool) -> Clock:
-    """The frame clock: as set, else (auto) eager on a CPU and tick on a GPU. Measured on this project's
-    2-core CPU (docs/benchmarks.md): a step there costs a share of the CPU that the sessions' ASR and
-    I/O need too, and the tick's one step per frame waits out the spread of the sessions' phases (1.6x
-    eager's latency for 8 sessions spread over the frame), so eager gives the lower latency; the tick
-    saves the steps (0.43x), which is what runs out on a GPU carrying many sessions in one batch (a
-    step costs the whole batch): unmeasured on a GPU so far (scripts/gpu_bench.sh compares them)."""
+    """The frame clock: as set, else (auto) eager on a CPU and tick on a GPU. Measured on the whole
+    server on this project's 2-core CPU (docs/benchmarks.md, "The frame clock"): the tick gives the
+    same p50 round trip (0.85-1.05x eager's) at one step per frame and 0.6x the CPU, but a longer
+    tail (p99 1.3-1.6x: a frame that just missed the step waits for the next); a CPU serves few
+    sessions and has steps to spare, so eager. On a GPU the steps are what runs out (a step costs the
+    whole batch): the tick, unmeasured there so far (scripts/gpu_bench.sh compares them)."""
     if clock == "auto":
         return "tick" if cuda else "eager"
     return clock  # type: ignore[return-value]

@@ -37,6 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEECH = ROOT / "tests" / "fixtures" / "question.wav"
+RATE = 100  # py-spy samples a second
 
 
 def free_port() -> int:
@@ -99,7 +100,7 @@ def load(port: int, sessions: int, seconds: float, out: Path) -> dict:
     return json.loads(out.read_text())["levels"][0]
 
 
-def profile(server: subprocess.Popen, port: int, sessions: int, seconds: float, work: Path) -> list[tuple]:
+def profile(server: subprocess.Popen, port: int, sessions: int, seconds: float, work: Path) -> dict:
     """py-spy's samples of the server's GIL holder while `sessions` run: the top functions by own time."""
     if shutil.which("py-spy") is None:
         sys.exit("--profile needs py-spy: pip install py-spy")
@@ -109,12 +110,14 @@ def profile(server: subprocess.Popen, port: int, sessions: int, seconds: float, 
 
     wait_for_free_slots(f"ws://127.0.0.1:{port}/api/chat", sessions, limit_s=60)
     spy = subprocess.Popen(["py-spy", "record", "--pid", str(server.pid), "--duration", str(int(seconds)),
-                            "--rate", "100", "--format", "raw", "--output", str(raw),
+                            "--rate", str(RATE), "--format", "raw", "--output", str(raw),
                             "--threads", "--nolineno", "--gil"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)  # py-spy attached before the sessions start
     load(port, sessions, seconds + 2, work / "profiled.json")
     spy.wait(60)
-    return top_functions(raw.read_text())
+    text = raw.read_text()
+    held = sum(int(line.rpartition(" ")[2]) for line in text.splitlines() if line.rpartition(" ")[2].isdigit())
+    return {"gil_held": round(held / (RATE * int(seconds)), 3), "top": top_functions(text)}
 
 
 def top_functions(raw: str, count: int = 15) -> list[tuple[str, float, float]]:
@@ -192,11 +195,12 @@ def main() -> int:
               f"{r['cores_per_16']} | "
               f"{r['client_cpu_cores']} | {lag.get('mean')} / <= {lag.get('p99_under')} | {rt['p50']} / {rt['p99']} | "
               f"{r['out_in']} | {'yes' if r['real_time'] else 'no'} |")
-    for asr, top in profiles.items():
-        print(f"\nprofile, ASR {asr}, {args.profile} sessions (py-spy, the GIL holder's samples):")
+    for asr, found in profiles.items():
+        print(f"\nprofile, ASR {asr}, {args.profile} sessions (py-spy, the GIL holder's samples): the GIL was held "
+              f"in {100 * found['gil_held']:.0f} % of the samples")
         print("| function | own | inclusive |")
         print("|---|---:|---:|")
-        for name, share, inclusive in top:
+        for name, share, inclusive in found["top"]:
             print(f"| `{name}` | {100 * share:.1f} % | {100 * inclusive:.1f} % |")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"rows": rows, "profiles": profiles}, indent=2) + "\n")
