@@ -8,6 +8,7 @@ A preset is either a directory inside the package laid out like a Hugging Face r
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,25 +151,22 @@ class RandomPreset:
         return copy.deepcopy(self.lm_config)
 
 
+_TINY = RandomPreset(
+    name="tiny",
+    lm_config=TINY_LM_CONFIG,
+    mimi_config=TINY_MIMI_CONFIG,
+    lm_gen_config=GREEDY_GEN_CONFIG,
+    tokenizer=TINY_COPY_DIR / "tokenizer.model",
+    description="random tiny Moshi + tiny Mimi, for plumbing tests and CPU benchmarks",
+)
+
 RANDOM_PRESETS: dict[str, RandomPreset] = {
-    "tiny": RandomPreset(
-        name="tiny",
-        lm_config=TINY_LM_CONFIG,
-        mimi_config=TINY_MIMI_CONFIG,
-        lm_gen_config=GREEDY_GEN_CONFIG,
-        tokenizer=TINY_COPY_DIR / "tokenizer.model",
-        description="random tiny Moshi + tiny Mimi, for plumbing tests and CPU benchmarks",
-    ),
+    "tiny": _TINY,
     # the tiny model's configs, but the engine steps nothing (kame.frontend.engine.NullEngine): the
     # host side of a server (I/O, Opus, ASR feed, planners) measured without a model's compute
-    "null": RandomPreset(
-        name="null",
-        lm_config=TINY_LM_CONFIG,
-        mimi_config=TINY_MIMI_CONFIG,
-        lm_gen_config=GREEDY_GEN_CONFIG,
-        tokenizer=TINY_COPY_DIR / "tokenizer.model",
-        description="no model compute: each frame's input comes back as its output (for host-side benchmarks)",
-    ),
+    "null": dataclasses.replace(
+        _TINY, name="null",
+        description="no model compute: each frame's input comes back as its output (for host-side benchmarks)"),
     "moshi-7b-random": RandomPreset(
         name="moshi-7b-random",
         lm_config=MOSHI_7B_LM_CONFIG,
