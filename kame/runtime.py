@@ -59,7 +59,7 @@ class RuntimeSettings:
     # auto: eager on a CPU, tick on a GPU (docs/benchmarks.md, "The frame clock"); tick: one batched step
     # per 80 ms for every session; eager: a step as soon as a frame arrives
     engine_clock: Literal["auto", "tick", "eager"] = "auto"
-    jitter_frames: int = 3  # input frames a session may queue before it skips to live (tick clock)
+    jitter_frames: int = 3  # input frames a live session may hold at a step before it skips to live (either clock)
     batch_window_s: float = 0.02  # eager clock: how long a ready session waits for the others
     max_pending_frames: int = 25  # hard cap of a session's input queue
     engine_threads: int | None = None  # torch threads of the engine thread; None: 1 on a CPU

@@ -11,8 +11,8 @@ holds two frames or more (it is behind: after a stall, extra steps, batched acro
 slot up, its audio kept). `clock="eager"`: step as soon as a frame arrives, waiting at most
 `batch_window_s` for the other sending slots. With either, a live slot holding more than
 `jitter_frames` at a step drops its oldest frames down to that (skip to live: only when the
-engine cannot keep up), a step that ends past the next tick is counted as an overrun, and the
-thread sleeps while no slot has a frame. A slot acquired with `live=False` (a client that sends
+engine cannot keep up), a step longer than a frame is counted as an overrun, and the thread
+sleeps while no slot has a frame. A slot acquired with `live=False` (a client that sends
 faster than real time on purpose) never skips and never triggers a catch-up: alone, it is stepped
 as fast as the engine goes. Slot acquire/release run on the engine thread between steps.
 """
@@ -27,7 +27,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -114,7 +114,7 @@ class TickSchedule:
         return bool(inbox.frames) or (inbox.last_arrival is not None
                                       and now - inbox.last_arrival <= SENDING_FRAMES * self.frame_s)
 
-    def ready(self, inboxes: list[_SlotInbox], now: float) -> bool:
+    def ready(self, inboxes: Collection[_SlotInbox], now: float) -> bool:
         """Some slot holds a frame and every sending slot does."""
         return any(inbox.frames for inbox in inboxes) and all(
             inbox.frames for inbox in inboxes if self.sending(inbox, now))
@@ -129,9 +129,9 @@ class TickSchedule:
             return "behind"
         return "ready" if self._near(now) and self.ready(inboxes, now) else None
 
-    def wakes(self, inbox: _SlotInbox, inboxes: list[_SlotInbox], now: float) -> bool:
+    def wakes(self, inbox: _SlotInbox, inboxes: Collection[_SlotInbox], now: float) -> bool:
         """Whether a frame just pushed into `inbox` is a reason to step before the tick (the cheap
-        checks first: this runs at every push)."""
+        checks first, and the slots as a view, not a copy: this runs at every push)."""
         return self._behind(inbox) or (self._near(now) and self.ready(inboxes, now))
 
     @staticmethod
@@ -382,7 +382,7 @@ class EngineRunner:
             if len(inbox.frames) > self.max_pending_frames:
                 inbox.frames.popleft()
                 inbox.dropped_frames += 1
-            if self.clock == "eager" or self._idle or self._schedule.wakes(inbox, list(self._inboxes.values()), now):
+            if self.clock == "eager" or self._idle or self._schedule.wakes(inbox, self._inboxes.values(), now):
                 self._cond.notify_all()  # else the tick wakes the thread by itself
 
     def _push_oracle(self, slot: int, update: _Stamped) -> None:
