@@ -1,11 +1,11 @@
 """Every session's Opus streams in child processes, off the event loop and off its GIL.
 
 sphn's Opus binding holds the GIL while it works: about 0.9 ms to encode one 80 ms frame here
-(it resamples to 48 kHz first), so on one thread 64 sessions' encoding held the server's GIL 74 %
-of the time and its event loop lagged by hundreds of milliseconds (docs/benchmarks.md, "The host
-side"). In a child process that time is the child's. A stream lives in one child (streams are
-spread over `processes` by id), so its packets stay in order; the parent only pickles a frame
-(7.7 KB) there and back.
+(it resamples to 48 kHz first). On one thread, at 64 sessions, the server's GIL was held in 56 % of
+py-spy's samples, 60 % of those in the encode, and at 32 the event loop lagged up to 160 ms
+(docs/benchmarks.md, "The host side"). In a child process that time is the child's. A stream
+lives in one child (streams are spread over `processes` by id), so its packets stay in order; the
+parent only sends a frame's bytes (7.7 KB of PCM) there and gets the packet back.
 
 A child that dies fails the calls it had and is started again; its streams start over in the new
 one (a decoder waits for the next Ogg page; an encoder sends a new stream header), so a session
@@ -167,7 +167,7 @@ class CodecPool:
     def __init__(self, processes: int = 1) -> None:
         if processes < 1:
             raise ValueError("a codec pool needs at least one process")
-        self._children: list[_Child | None] = [_Child(index) for index in range(processes)]  # started now
+        self._children = [_Child(index) for index in range(processes)]  # started now
         self._streams, self._requests = itertools.count(1), itertools.count(1)
         self._lock = threading.Lock()
         self.restarts = 0
@@ -182,12 +182,11 @@ class CodecPool:
             if self._closed:
                 raise CodecError("the codec pool is closed")
             child = self._children[index]
-            if child is None or not child.alive:
-                if child is not None:
-                    self.restarts += 1
-                    logger.warning("codec process %d stopped (exit code %s): starting it again; its sessions' "
-                                   "Opus streams start over", index, child.process.poll())
-                    child.close(0.5)
+            if not child.alive:
+                self.restarts += 1
+                logger.warning("codec process %d stopped (exit code %s): starting it again; its sessions' "
+                               "Opus streams start over", index, child.process.poll())
+                child.close(0.5)
                 child = self._children[index] = _Child(index)
             return child
 
@@ -211,11 +210,11 @@ class CodecPool:
 
     def close(self) -> None:
         with self._lock:
+            if self._closed:
+                return
             self._closed = True
-            children, self._children = self._children, [None] * len(self._children)
-        for child in children:
-            if child is not None:
-                child.close()
+        for child in self._children:
+            child.close()
 
 
 class OpusStream:

@@ -200,8 +200,8 @@ class ServerSettings(BaseSettings):
         return "embedded", "no OPENAI_API_KEY: the small in-process model (a demo; set a key or --llm for real answers)"
 
     def resolved_codec_processes(self, slots: int) -> int:
-        """Opus processes: as set, else one per 32 engine slots (one carried 64 sessions' Opus at 0.8 of a
-        core on this project's CPU: docs/scaling.md)."""
+        """Opus processes: as set, else one per 32 engine slots (64 sessions' Opus took ~0.55 of a core in
+        all on this project's CPU: docs/benchmarks.md, "The host side")."""
         return self.codec_processes or max(1, -(-slots // 32))
 
     def planner_config(self) -> PlannerConfig:
