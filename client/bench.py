@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import re
 import time
@@ -13,7 +12,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from client.loadgen import load_level, load_level_in_processes, percentile_ms
+from client.loadgen import load_level_in_processes, load_level_timed, percentile_ms
 
 FRAME_MS = 80.0
 
@@ -90,9 +89,7 @@ def measure(url: str, sessions: int, seconds: float, transport: str = "moshi",
     if processes > 1:
         run, client_cpu = load_level_in_processes(url, sessions, seconds, processes, transport, speech)
     else:
-        cpu = time.process_time()
-        run = asyncio.run(load_level(url, sessions, seconds, transport=transport, speech=speech))
-        client_cpu = time.process_time() - cpu
+        run, client_cpu = load_level_timed(url, sessions, seconds, transport=transport, speech=speech)
     after, wall = scrape(url), time.monotonic() - started
     steps = after.get("step_count", 0) - before.get("step_count", 0)
     step_ms = 1000 * (after.get("step_sum", 0) - before.get("step_sum", 0)) / steps if steps else None

@@ -246,14 +246,13 @@ async def load_level(url: str, sessions: int, seconds: float, seed: int = 0, tra
     return run
 
 
-def _load_part(url: str, sessions: int, seconds: float, seed: int, transport: str,
-               speech: np.ndarray | None) -> tuple[LatencyRun, float]:
-    """One load generator process' share of a level (run in a child), and its CPU seconds."""
-    import time as _time
-
-    cpu = _time.process_time()
+def load_level_timed(url: str, sessions: int, seconds: float, seed: int = 0, transport: str = "moshi",
+                     speech: np.ndarray | None = None) -> tuple[LatencyRun, float]:
+    """`load_level` run to its end in this process (or a load generator child's share of a level), and
+    the CPU seconds it took."""
+    cpu = time.process_time()
     run = asyncio.run(load_level(url, sessions, seconds, seed, transport, speech))
-    return run, _time.process_time() - cpu
+    return run, time.process_time() - cpu
 
 
 def load_level_in_processes(url: str, sessions: int, seconds: float, processes: int, transport: str = "moshi",
@@ -267,7 +266,7 @@ def load_level_in_processes(url: str, sessions: int, seconds: float, processes: 
     shares = [sessions // processes + (i < sessions % processes) for i in range(processes)]
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=context) as pool:
-        parts = list(pool.map(_load_part, *zip(*[(url, n, seconds, i, transport, speech)
+        parts = list(pool.map(load_level_timed, *zip(*[(url, n, seconds, i, transport, speech)
                                                   for i, n in enumerate(shares) if n], strict=True)))
     merged = LatencyRun(sessions, seconds)
     for run, _ in parts:
