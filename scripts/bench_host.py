@@ -35,6 +35,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
+from bench_ray import cpu_s  # (scripts/ is on the path of a script run from it)
+
 ROOT = Path(__file__).resolve().parents[1]
 SPEECH = ROOT / "tests" / "fixtures" / "question.wav"
 RATE = 100  # py-spy samples a second
@@ -76,19 +79,8 @@ def stop_server(server: subprocess.Popen) -> None:
 
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds of a process and all its descendants (the server and its codec processes)."""
-    parents, times = {}, {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        child = int(stat.parent.name)
-        parents[child], times[child] = int(fields[1]), int(fields[11]) + int(fields[12])  # ppid, utime + stime
-    wanted, found = {pid}, True
-    while found:
-        found = {child for child, parent in parents.items() if parent in wanted and child not in wanted}
-        wanted |= found
-    return sum(times.get(p, 0) for p in wanted) / os.sysconf("SC_CLK_TCK")
+    server = psutil.Process(pid)
+    return cpu_s([server, *server.children(recursive=True)])
 
 
 def load(port: int, sessions: int, seconds: float, out: Path) -> dict:
