@@ -58,10 +58,6 @@ class Registry:
         """Every live replica's metrics in one exposition, each sample labelled with its replica."""
         return merge_metrics({name: self.metrics[name] for name in self._live()})
 
-    def forget(self, replica: str) -> None:
-        self.replicas.pop(replica, None)
-        self.metrics.pop(replica, None)
-
     def snapshot(self) -> list[dict]:
         return [{k: v for k, v in self.replicas[name].items() if k != "at"} for name in self._live()]
 

@@ -103,12 +103,6 @@ def tokenize_words(tokenizer: TextTokenizer, text: str) -> list[int]:
     return tokens
 
 
-def piece_text(tokenizer: TextTokenizer, token: int) -> str:
-    """The text a generated token stands for, with SentencePiece's word marker as a space (byte
-    pieces as they are: `PieceDecoder` turns a stream of tokens into text)."""
-    return tokenizer.id_to_piece(token).replace("▁", " ")
-
-
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 

@@ -119,7 +119,3 @@ class ToolBox:
             shared.task.cancel()
             if self._cache.get(key) is shared:
                 del self._cache[key]
-
-    async def run_all(self, calls: list[ToolCall], turn: int) -> list[ToolResult]:
-        """Every call of one LLM round, concurrently, results in the calls' order."""
-        return list(await asyncio.gather(*(self.run(call, turn) for call in calls)))
