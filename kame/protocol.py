@@ -9,9 +9,9 @@ See docs/protocol.md.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
-from dataclasses import asdict
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -201,29 +201,30 @@ def parse_event(payload: bytes) -> ServerEvent:
         raise ProtocolError(f"bad event: {_first_error(exc)}") from exc
 
 
+# the JSON event of each session event that has one, and the fields the wire adds; the wire model
+# takes the session event's fields that it names (audio, text and stats go out their own way)
+_WIRE: dict[type, tuple[type[_Event], dict[str, str]]] = {
+    Transcript: (TranscriptEvent, {}),
+    OracleApplied: (OracleEvent, {}),
+    LLMAttempt: (LLMEvent, {}),
+    ToolCallEvent: (ToolEvent, {}),
+    KnowledgeRetrieval: (KnowledgeEvent, {}),
+    OracleLead: (OracleLeadEvent, {}),
+    BackendChanged: (BackendEvent, {}),
+    AsrFailed: (AsrStatusEvent, {"status": "failed"}),
+    SessionFailed: (ErrorEvent, {}),
+}
+
+
 def wire_event(event: SessionEvent) -> _Event | None:
     """The JSON event a client with ?events=1 gets for a tandem session's `event` (the recorder and
     in-process runs write the same); None: no JSON event (audio, text and stats have their own)."""
-    if isinstance(event, Transcript):
-        return TranscriptEvent(final=event.final, text=event.text, start_s=event.start_s, end_s=event.end_s)
-    if isinstance(event, OracleApplied):
-        return OracleEvent(op=event.op, epoch=event.epoch, text=event.text, tokens=event.tokens, frame=event.frame,
-                           accepted=event.accepted, late_tokens=event.late_tokens)
-    if isinstance(event, LLMAttempt):
-        return LLMEvent(**asdict(event))
-    if isinstance(event, ToolCallEvent):
-        return ToolEvent(**asdict(event))
-    if isinstance(event, KnowledgeRetrieval):
-        return KnowledgeEvent(**(asdict(event) | {"sources": list(event.sources)}))
-    if isinstance(event, OracleLead):
-        return OracleLeadEvent(lead_s=event.lead_s, epoch=event.epoch)
-    if isinstance(event, BackendChanged):
-        return BackendEvent(name=event.name, model=event.model, system_prompt=event.system_prompt)
-    if isinstance(event, AsrFailed):
-        return AsrStatusEvent(status="failed", message=event.message)
-    if isinstance(event, SessionFailed):
-        return ErrorEvent(code=event.code, message=event.message)
-    return None
+    wire = _WIRE.get(type(event))
+    if wire is None:
+        return None
+    model, added = wire
+    fields = {f.name: getattr(event, f.name) for f in dataclasses.fields(event) if f.name in model.model_fields}
+    return model(**fields, **added)
 
 
 # ----------------------------------------------------------------- client -> server messages

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import copy
 import dataclasses
 import logging
 import statistics
@@ -29,18 +28,7 @@ import numpy as np
 from kame.asr import NoAsr
 from kame.asr.events import AsrFailure, FinalTranscript
 from kame.audio import FRAME_SIZE, SAMPLE_RATE
-from kame.backend.planner import (
-    AttemptFinished,
-    AttemptFirstToken,
-    AttemptStarted,
-    BackendSwitched,
-    KnowledgeRetrieved,
-    OracleEmitted,
-    Planner,
-    PlannerEvent,
-    ToolCallFinished,
-    ToolCallStarted,
-)
+from kame.backend.planner import Planner, PlannerEvent
 from kame.codec import FrameSplitter
 from kame.errors import EngineError, SessionError, SlotsBusy
 from kame.frontend.engine import FrameOutput
@@ -53,14 +41,12 @@ from kame.session_events import (
     AssistantText,
     BackendChanged,
     FramesSkipped,
-    KnowledgeRetrieval,
     LLMAttempt,
     OracleApplied,
     OracleLead,
     SessionEvent,
     SessionFailed,
     SessionStats,
-    ToolCallEvent,
     Transcript,
 )
 from kame.tools.base import Tool
@@ -118,7 +104,6 @@ class TandemSession:
         self._audio_wall: deque[tuple[float, float]] = deque(maxlen=4000)  # (audio end s, wall time received)
         self._samples_in = 0
         self.frames_in = self.frames_out = self._dropped_seen = 0
-        self._oracle_text: dict[int, str] = {}
         self._reset_applied_at: dict[int, float] = {}
         self._speech_end: float | None = None  # wall time the last final's audio arrived
         self._lead_pending: int | None = None  # the oracle epoch whose application gives the lead
@@ -377,7 +362,7 @@ class TandemSession:
             self._reset_applied_at[update.epoch] = time.monotonic()
             if len(self._reset_applied_at) > 64:  # only recent oracles can be an answer's
                 del self._reset_applied_at[min(self._reset_applied_at)]
-        self._emit(OracleApplied(update.op.value, update.epoch, self._oracle_text.pop(id(update), ""),
+        self._emit(OracleApplied(update.op.value, update.epoch, update.text,
                                  len(update.tokens), applied.frame, applied.accepted, applied.late_tokens))
         if update.op is OracleOp.RESET and update.epoch == self._lead_pending:
             self._emit_lead(update.epoch)
@@ -437,33 +422,9 @@ class TandemSession:
         self.handle.push_oracle(update)  # a released handle refuses it
 
     def _on_planner_event(self, event: PlannerEvent) -> None:
-        if isinstance(event, ToolCallStarted | ToolCallFinished):
-            self._emit(_tool_event(event))
-            return
-        if isinstance(event, KnowledgeRetrieved):
-            r = event.retrieval
-            self._emit(KnowledgeRetrieval(event.epoch, r.query, len(r.passages),
-                                          tuple(dict.fromkeys(p.source for p in r.passages)), r.tokens,
-                                          round(r.elapsed_s, 6)))
-            return
-        if isinstance(event, OracleEmitted):
-            self._oracle_text[id(event.update)] = event.text
-            return
-        if isinstance(event, BackendSwitched):
-            return  # `configure` says it
-        record = copy.copy(event.record)  # a snapshot: the planner goes on changing its record
-        phase = {AttemptStarted: "started", AttemptFirstToken: "first_token"}.get(type(event), record.status)
-        self._emit(LLMAttempt(
-            phase, record.epoch, record.backend, record.trigger,
-            user_text=record.user_text if phase == "started" else "",
-            latency_s=record.first_token_latency_s if phase == "first_token" else None,
-            answer=record.text if phase in ("done", "cancelled", "failed") else "",
-            **({"oracle_tokens": record.tokens, "took_oracle": record.took_oracle, "kept_oracle": record.kept_oracle}
-               if phase in ("done", "cancelled", "failed") else {}),
-            error_kind=record.error_kind, error=record.error,
-            retry_in_s=event.retry_in_s if isinstance(event, AttemptFinished) else None))
-        if (isinstance(event, AttemptFinished) and record.status == "done"
-                and self._answer_after_epoch is not None and record.epoch > self._answer_after_epoch):
+        self._emit(event)
+        if (isinstance(event, LLMAttempt) and event.phase == "done"
+                and self._answer_after_epoch is not None and event.epoch > self._answer_after_epoch):
             self._answer_after_epoch = None  # once per utterance (a final may be deferred by the rate limit)
             self._answer_settled()
 
@@ -481,21 +442,6 @@ class TandemSession:
         self._lead_pending = None
         if self._speech_end is not None:
             self._emit(OracleLead(round(self._speech_end - self._reset_applied_at[epoch], 3), epoch))
-
-
-RESULT_PREVIEW_CHARS = 500  # of a tool's result, in events and recordings
-
-
-def _tool_event(event: ToolCallStarted | ToolCallFinished) -> ToolCallEvent:
-    call = event.call
-    if isinstance(event, ToolCallStarted):
-        return ToolCallEvent("started", event.epoch, call.id, call.name, call.arguments)
-    result = event.result
-    if result is None:
-        return ToolCallEvent("cancelled", event.epoch, call.id, call.name, call.arguments)
-    return ToolCallEvent("done" if result.ok else "failed", event.epoch, call.id, call.name, call.arguments,
-                         result.content[:RESULT_PREVIEW_CHARS], round(result.elapsed_s, 4), result.cached,
-                         result.truncated, result.error)
 
 
 class _SlotFailed(Exception):

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kame.asr.events import FinalTranscript, PartialTranscript
 from kame.backend.llm import OpenAICompatibleLLM
-from kame.backend.planner import AttemptFinished, AttemptStarted, Planner
+from kame.backend.planner import Planner
 from kame.backend.profiles import BackendProfile
 from kame.frontend.oracle import OracleOp
 from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall, last_tool_results
@@ -81,27 +81,20 @@ async def run_one(base_url: str, mode: str, latency_s: float, tool_s: float) -> 
                                              first_token_timeout_s=10))
     t0 = time.monotonic()
     resets: dict[int, float] = {}
-    records, finished = [], []
 
     def send_oracle(update) -> None:
         if update.op is OracleOp.RESET:
             resets.setdefault(update.epoch, time.monotonic() - t0)
 
-    def on_event(event) -> None:
-        if isinstance(event, AttemptStarted):
-            records.append(event.record)
-        elif isinstance(event, AttemptFinished):
-            finished.append(event.record)
-
     tools = ToolBox.of([PythonTool("legs", legs)]) if mode != "direct" else ToolBox()
-    planner = Planner(llm, _OneTokenPerWord(), send_oracle, on_event, tools=tools)
+    planner = Planner(llm, _OneTokenPerWord(), send_oracle, tools=tools)
     for index in range(len(QUESTION) // 2):
         await asyncio.sleep(max(0.0, t0 + EVERY_S * index - time.monotonic()))
         planner.on_transcript(PartialTranscript(" ".join(QUESTION[:2 * index + 2]), 0.0, time.monotonic() - t0))
     await asyncio.sleep(max(0.0, t0 + EVERY_S * (len(QUESTION) // 2) - time.monotonic()))
     final_at = time.monotonic() - t0
     planner.on_transcript(FinalTranscript(" ".join(QUESTION), 0.0, final_at))
-    final = records[-1]
+    final = planner.attempts[-1]  # the planner's own record: it goes on changing
     while final.status == "running":
         await asyncio.sleep(0.01)
         if time.monotonic() - t0 > final_at + 30:
@@ -112,7 +105,7 @@ async def run_one(base_url: str, mode: str, latency_s: float, tool_s: float) -> 
     return {"mode": mode, "llm_first_token_s": latency_s, "tool_latency_s": tool_s if mode != "direct" else None,
             "lead_s": round(final_at - resets[in_place], 2), "first_oracle_s": round(min(resets.values()), 2),
             "answered_after_final_s": round(final.finished_at - t0 - final_at, 2), "final": final.status,
-            "attempts": len(records), "tool_runs": len(runs)}
+            "attempts": len(planner.attempts), "tool_runs": len(runs)}
 
 
 async def bench() -> list[dict]:

@@ -10,18 +10,11 @@ import pytest
 
 from kame.asr.events import FinalTranscript, PartialTranscript
 from kame.backend.llm import LLMError, OpenAICompatibleLLM
-from kame.backend.planner import (
-    AttemptFinished,
-    AttemptFirstToken,
-    AttemptStarted,
-    BackendSwitched,
-    OracleEmitted,
-    Planner,
-    PlannerConfig,
-)
+from kame.backend.planner import Planner, PlannerConfig
 from kame.backend.profiles import BackendProfile
 from kame.clock import ManualClock, settle
 from kame.frontend.oracle import OracleOp, OracleTimeline, tokenize_words
+from kame.session_events import LLMAttempt
 from kame.testing.fakes import FakeLLM, FakeReply
 from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
 
@@ -55,8 +48,14 @@ class Rig:
     def final(self, text: str, at: float = 2.0):
         self.planner.on_transcript(FinalTranscript(text, 0.0, at))
 
-    def of(self, kind):
-        return [e for e in self.events if isinstance(e, kind)]
+    def of(self, *phases: str) -> list[LLMAttempt]:
+        """The LLM attempt events of these phases, in order (no phase: the last ones)."""
+        phases = phases or ("done", "cancelled", "failed")
+        return [e for e in self.events if isinstance(e, LLMAttempt) and e.phase in phases]
+
+    def said(self) -> list[str]:
+        """The words of every oracle update sent, in order."""
+        return [u.text for u in self.updates]
 
     def resets(self):
         """(time since t0, update) of every reset sent."""
@@ -70,8 +69,8 @@ class Rig:
         return timeline.tokens[1:]
 
     def records(self):
-        """Every attempt's record (the planner's own, still changing), from the events."""
-        return [e.record for e in self.of(AttemptStarted)]
+        """Every attempt's record (the planner's own, with its timings)."""
+        return list(self.planner.attempts)
 
     def record(self, epoch: int):
         return next(r for r in self.records() if r.epoch == epoch)
@@ -122,14 +121,14 @@ def test_starts_when_two_new_words_arrive(tok):
         assert len(rig.llm.calls) == 1
         rig.partial("what is the capital")  # +2 since the start: a new stream beside the first
         await settle()
-        assert [e.record.epoch for e in rig.of(AttemptStarted)] == [1, 2]
+        assert [e.epoch for e in rig.of("started")] == [1, 2]
         assert rig.llm.calls[-1][-1].content.endswith("user: what is the capital")
-        assert rig.planner.running_streams == [1, 2] and not rig.of(AttemptFinished)
+        assert rig.planner.running_streams == [1, 2] and not rig.of()
         await rig.planner.aclose()
         return rig
 
     rig = run(scenario())
-    assert [e.record.status for e in rig.of(AttemptFinished)] == ["cancelled", "cancelled"]
+    assert [e.phase for e in rig.of()] == ["cancelled", "cancelled"]
     assert rig.planner.running_streams == []
 
 
@@ -144,8 +143,8 @@ def test_final_always_starts_and_closes_the_turn(tok):
         return rig
 
     rig = run(scenario())
-    starts = rig.of(AttemptStarted)
-    assert [s.record.trigger for s in starts] == ["partial", "final"]
+    starts = rig.of("started")
+    assert [s.trigger for s in starts] == ["partial", "final"]
     assert rig.llm.calls[-1][-1].content == "user: what is up"
     assert rig.planner.conversation[-1] == "user: what is up"
 
@@ -158,10 +157,10 @@ def test_restarts_are_rate_limited_then_deferred(tok):
             words += ["word", "more"]
             rig.partial(" ".join(words))
             await rig.clock.advance(0.1)
-        assert len(rig.of(AttemptStarted)) == 5  # 5 per 2 s
+        assert len(rig.of("started")) == 5  # 5 per 2 s
         await rig.clock.advance(1.5)  # the first start leaves the window at t0 + 2 s
-        assert len(rig.of(AttemptStarted)) == 6
-        last = rig.of(AttemptStarted)[-1].record
+        assert len(rig.of("started")) == 6
+        last = rig.of("started")[-1]
         assert last.trigger == "deferred" and last.user_text.count("word") == 7  # the newest transcript
         await rig.planner.aclose()
 
@@ -177,16 +176,17 @@ def test_answer_becomes_whole_word_oracle_updates(tok):
         return rig
 
     rig = run(scenario())
-    texts = [e.text for e in rig.of(OracleEmitted)]
+    texts = rig.said()
     assert " ".join(texts) == "The capital of France is Paris."
     assert texts[0] == "The"  # the reset carries the first whole word
     first, *rest = rig.updates
     assert first.op is OracleOp.RESET and all(u.op is OracleOp.APPEND for u in rest)
     assert {u.epoch for u in rig.updates} == {1}
     assert [t for u in rig.updates for t in u.tokens] == tokenize_words(tok, "The capital of France is Paris.")
-    record = rig.of(AttemptFinished)[0].record
-    assert record.status == "done" and record.text == "The capital of France is Paris."
-    assert record.first_token_latency_s == 0.0
+    done = rig.of()[0]
+    assert done.phase == "done" and done.answer == "The capital of France is Paris."
+    assert done.oracle_tokens == len(tokenize_words(tok, "The capital of France is Paris.")) and done.took_oracle
+    assert [e.latency_s for e in rig.of("first_token")] == [0.0]
 
 
 def test_a_cancelled_stream_emits_nothing_more(tok):
@@ -205,9 +205,9 @@ def test_a_cancelled_stream_emits_nothing_more(tok):
     rig = run(scenario())
     epochs = [u.epoch for u in rig.updates]
     assert epochs == sorted(epochs) and epochs[-1] == 2
-    assert [e.text for e in rig.of(OracleEmitted) if e.update.epoch == 2] == ["fresh", "answer"]
-    assert "three" not in " ".join(e.text for e in rig.of(OracleEmitted))
-    assert rig.of(AttemptFinished)[0].record.status == "cancelled"
+    assert [u.text for u in rig.updates if u.epoch == 2] == ["fresh", "answer"]
+    assert "three" not in " ".join(rig.said())
+    assert rig.of()[0].phase == "cancelled"
 
 
 def test_failures_back_off_and_honour_retry_after(tok):
@@ -217,19 +217,19 @@ def test_failures_back_off_and_honour_retry_after(tok):
         rig = Rig(tok, [failing, limited, FakeReply(deltas=("ok",))])
         rig.partial("hello there")
         await settle()
-        finished = rig.of(AttemptFinished)[-1]
-        assert finished.record.status == "failed" and finished.retry_in_s == 0.5
+        finished = rig.of()[-1]
+        assert finished.phase == "failed" and finished.retry_in_s == 0.5
         rig.partial("hello there my friend")  # within the back-off: deferred, not started
         await settle()
         assert len(rig.llm.calls) == 1
         await rig.clock.advance(0.5)
         assert len(rig.llm.calls) == 2
-        assert rig.of(AttemptFinished)[-1].retry_in_s == 3.0  # Retry-After beats the doubled 1 s
+        assert rig.of()[-1].retry_in_s == 3.0  # Retry-After beats the doubled 1 s
         rig.final("hello there my friend")
         await rig.clock.advance(2.9)
         assert len(rig.llm.calls) == 2
         await rig.clock.advance(0.2)
-        assert len(rig.llm.calls) == 3 and rig.of(AttemptFinished)[-1].record.status == "done"
+        assert len(rig.llm.calls) == 3 and rig.of()[-1].phase == "done"
         await rig.planner.aclose()
 
     run(scenario())
@@ -267,10 +267,9 @@ def test_backend_hot_swap(tok):
         return rig, other
 
     rig, other = run(scenario())
-    assert rig.of(BackendSwitched) == [BackendSwitched("fake", "other")]
     assert len(rig.llm.calls) == 1 and len(other.calls) == 1
     assert other.calls[0][0].content == "answer in French"
-    assert rig.of(AttemptStarted)[-1].record.backend == "other"
+    assert [e.backend for e in rig.of("started")] == ["fake", "other"]
 
 
 def test_through_a_real_openai_streaming_server(tok):
@@ -281,7 +280,7 @@ def test_through_a_real_openai_streaming_server(tok):
             planner = Planner(llm, tok, updates.append, events.append)
             planner.on_transcript(PartialTranscript("what is the capital", 0.0, 1.2))
             for _ in range(200):
-                if any(isinstance(e, AttemptFinished) for e in events):
+                if any(isinstance(e, LLMAttempt) and e.phase == "done" for e in events):
                     break
                 await asyncio.sleep(0.01)
             await planner.aclose()
@@ -290,7 +289,7 @@ def test_through_a_real_openai_streaming_server(tok):
 
     server, updates, events = run(scenario())
     assert server.requests[0]["messages"][-1]["content"] == "user: what is the capital"
-    assert " ".join(e.text for e in events if isinstance(e, OracleEmitted)) == "Paris, the city of light."
+    assert " ".join(u.text for u in updates) == "Paris, the city of light."
     assert updates[0].op is OracleOp.RESET
 
 
@@ -305,7 +304,7 @@ def test_streams_overlap_so_a_slow_llm_still_answers_before_the_user_stops(tok):
         return rig
 
     rig = run(scenario())
-    starts = [e.record for e in rig.of(AttemptStarted)]
+    starts = rig.records()
     assert len(starts) == 9 and starts[-1].trigger == "final" and rig.final_at == 4.0
     resets = rig.resets()
     assert resets[0][0] == pytest.approx(1.2, abs=1e-4) and resets[0][1].epoch == 1  # 1.2 s after the first trigger
@@ -395,7 +394,7 @@ def test_words_of_a_cancelled_older_stream_are_dropped(tok):
 
     rig = run(scenario())
     assert rig.planner.llm.yielded == ["fresh", "words", "stale", "words"]  # the old one spoke after all ...
-    assert [e.record.epoch for e in rig.of(AttemptFirstToken)] == [2]  # ... and went unheard
+    assert [e.epoch for e in rig.of("first_token")] == [2]  # ... and went unheard
     assert rig.record(1).status == "cancelled" and rig.record(1).tokens == 0 and rig.record(1).text == ""
     assert {u.epoch for u in rig.updates} == {2} and rig.oracle_in_place() == tokenize_words(tok, "fresh words")
 
@@ -425,7 +424,8 @@ def test_an_agreeing_newer_stream_extends_the_oracle_without_a_reset(tok):
     first, second = rig.record(1), rig.record(2)
     assert first.status == "cancelled" and first.text == "Paris is the"  # cut off when stream 2 spoke
     assert second.took_oracle and second.kept_oracle and second.first_token_at is not None
-    assert [e.text for e in rig.of(OracleEmitted) if e.stream_epoch == 2] == ["capital", "of", "france,", "indeed!"]
+    # stream 1 said its three words before stream 2 spoke and cut it off: the rest is stream 2's
+    assert rig.said() == ["Paris", "is", "the", "capital", "of", "france,", "indeed!"]
     assert rig.planner.oracle_epoch == 1 and rig.planner.epoch == 2
     assert rig.oracle_in_place() == tokenize_words(tok, "Paris is the capital of france, indeed!")
 
@@ -464,13 +464,13 @@ def test_at_most_max_concurrent_streams_run(tok):
     async def scenario():
         rig = Rig(tok, [FakeReply(delay_s=1e6)], PlannerConfig(max_concurrent_streams=2))
         await speak(rig, QUESTION[:12], until=2.9)
-        assert rig.max_running == 2 and len(rig.of(AttemptStarted)) == 6
+        assert rig.max_running == 2 and len(rig.of("started")) == 6
         assert rig.planner.running_streams == [5, 6]  # the oldest went first
         await rig.planner.aclose()
         return rig
 
     rig = run(scenario())
-    assert [e.record.epoch for e in rig.of(AttemptFinished)][:4] == [1, 2, 3, 4]
+    assert [e.epoch for e in rig.of()][:4] == [1, 2, 3, 4]
     assert all(r.status == "cancelled" and r.first_token_at is None for r in rig.records())
 
 

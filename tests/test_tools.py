@@ -13,8 +13,9 @@ from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall, ChoiceD
 
 from kame.asr.events import FinalTranscript
 from kame.backend.llm import OpenAICompatibleLLM, ToolCallAssembler, ToolCalls
-from kame.backend.planner import DATA_NOTE, Planner, PlannerConfig, ToolCallFinished, ToolCallStarted
+from kame.backend.planner import DATA_NOTE, Planner, PlannerConfig
 from kame.backend.profiles import BackendProfile
+from kame.session_events import ToolCallEvent
 from kame.testing.fakes import FakeLLM, FakeReply
 from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply, ScriptedToolCall, last_tool_results
 from kame.tools import ToolBox, ToolCall, ToolError, ToolLimits, ToolSpec, run_tool
@@ -416,8 +417,7 @@ class PlannerRig:
                                tools=ToolBox.of(list(tools)))
 
     def oracle_text(self) -> str:
-        from kame.backend.planner import OracleEmitted
-        return " ".join(e.text for e in self.events if isinstance(e, OracleEmitted))
+        return " ".join(u.text for u in self.updates)
 
     async def ask(self, text: str, wait_s: float = 2.0) -> None:
         self.planner.on_transcript(FinalTranscript(text, 0.0, 1.0))
@@ -446,9 +446,8 @@ def test_planner_runs_the_tool_loop_and_the_final_text_extends_the_oracle(tok):
     assert second[-1].role == "tool" and second[-1].tool_call_id == "c1"
     assert second[-1].content == "shipped on Monday, arriving Thursday"
     assert rig.oracle_text() == "Let me check. It shipped on Monday."
-    started = [e for e in rig.events if isinstance(e, ToolCallStarted)]
-    finished = [e for e in rig.events if isinstance(e, ToolCallFinished)]
-    assert len(started) == len(finished) == 1 and finished[0].result.ok
+    calls = [e for e in rig.events if isinstance(e, ToolCallEvent)]
+    assert [e.phase for e in calls] == ["started", "done"] and calls[1].result == "shipped on Monday, arriving Thursday"
 
 
 def test_tool_rounds_are_bounded_and_the_last_round_offers_no_tools(tok):
@@ -514,8 +513,8 @@ def test_a_cancelled_attempt_cancels_its_tool_call(tok):
 
     rig = run(scenario())
     assert tool.calls == 1 and tool.cancelled == 1
-    finished = [e for e in rig.events if isinstance(e, ToolCallFinished)]
-    assert len(finished) == 1 and finished[0].result is None
+    calls = [e for e in rig.events if isinstance(e, ToolCallEvent)]
+    assert [e.phase for e in calls] == ["started", "cancelled"] and calls[1].result == ""
 
 
 def test_scripted_server_gets_the_tool_result_back_as_a_tool_message(tok):
@@ -530,8 +529,8 @@ def test_scripted_server_gets_the_tool_result_back_as_a_tool_message(tok):
     async def scenario():
         async with ScriptedOpenAIServer(script) as server:
             llm = OpenAICompatibleLLM(BackendProfile("scripted", server.base_url, "m", None))
-            updates, events = [], []
-            planner = Planner(llm, tok, updates.append, events.append, tools=ToolBox.of([order]))
+            updates = []
+            planner = Planner(llm, tok, updates.append, tools=ToolBox.of([order]))
             planner.on_transcript(FinalTranscript("where is order A17", 0.0, 1.0))
             for _ in range(300):
                 await asyncio.sleep(0.01)
@@ -539,16 +538,15 @@ def test_scripted_server_gets_the_tool_result_back_as_a_tool_message(tok):
                     break
             await planner.aclose()
             await llm.aclose()
-            return server.requests, events
+            return server.requests, updates
 
-    requests, events = run(scenario())
+    requests, updates = run(scenario())
     assert len(requests) == 2
     tool_message = requests[1]["messages"][-1]
     assert tool_message == {"role": "tool", "content": "shipped on Monday, arriving Thursday", "tool_call_id": "call_0"}
     assert requests[1]["messages"][-2]["tool_calls"][0]["function"] == {"name": "order_status",
                                                                          "arguments": '{"order_id": "A17"}'}
-    from kame.backend.planner import OracleEmitted
-    assert " ".join(e.text for e in events if isinstance(e, OracleEmitted)) == \
+    assert " ".join(u.text for u in updates) == \
         "Your order is shipped on Monday, arriving Thursday."
 
 

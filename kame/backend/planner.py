@@ -22,6 +22,10 @@ rounds (the last round lists the tools with tool_choice "none", so the model ans
 call ("let me check") is oracle text like any other: the front-end can speak it while the tool
 runs, and the answer after the call extends it. A cancelled attempt cancels its calls (unless a
 newer attempt waits for the same call); identical calls in one user turn are served once.
+
+What it tells: the session's own frozen events (`LLMAttempt` per phase, `ToolCallEvent`,
+`KnowledgeRetrieval`), snapshots of its state when they happen; the words of an oracle update
+travel on the update (`OracleUpdate.text`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from kame.backend.chunker import WordChunker
 from kame.backend.llm import ChatMessage, LLMClient, LLMError, ToolCalls
 from kame.clock import Clock, MonotonicClock
 from kame.frontend.oracle import OracleOp, OracleUpdate, TextTokenizer, tokenize_words
+from kame.session_events import KnowledgeRetrieval, LLMAttempt, ToolCallEvent
 from kame.tools.base import ToolCall, ToolResult
 from kame.tools.toolbox import ToolBox
 
@@ -86,7 +91,8 @@ class PlannerConfig:
 
 @dataclass
 class AttemptRecord:
-    """One LLM attempt and its timings (clock seconds); feeds metrics, events and evaluation."""
+    """One LLM attempt and its timings (clock seconds): the planner's own state, which it goes on
+    changing; what leaves the planner is its frozen `snapshot`."""
 
     epoch: int
     backend: str
@@ -108,57 +114,36 @@ class AttemptRecord:
     def first_token_latency_s(self) -> float | None:
         return None if self.first_token_at is None else self.first_token_at - self.requested_at
 
-
-@dataclass(frozen=True)
-class AttemptStarted:
-    record: AttemptRecord
-
-
-@dataclass(frozen=True)
-class AttemptFirstToken:
-    record: AttemptRecord
-
-
-@dataclass(frozen=True)
-class AttemptFinished:
-    record: AttemptRecord
-    retry_in_s: float | None = None  # after a failure: when the next attempt may start
+    def snapshot(self, phase: str, retry_in_s: float | None = None) -> LLMAttempt:
+        """The frozen event of `phase`, with what that phase tells (the record goes on changing)."""
+        started, first, last = phase == "started", phase == "first_token", phase in ("done", "cancelled", "failed")
+        outcome = {"oracle_tokens": self.tokens, "took_oracle": self.took_oracle,
+                   "kept_oracle": self.kept_oracle} if last else {}
+        return LLMAttempt(phase, self.epoch, self.backend, self.trigger,
+                          user_text=self.user_text if started else "",
+                          latency_s=self.first_token_latency_s if first else None,
+                          answer=self.text if last else "", **outcome,
+                          error_kind=self.error_kind, error=self.error, retry_in_s=retry_in_s)
 
 
-@dataclass(frozen=True)
-class OracleEmitted:
-    update: OracleUpdate
-    text: str  # the words these tokens stand for
-    stream_epoch: int = 0  # the stream they came from (update.epoch is the reset's, when kept)
+PlannerEvent = LLMAttempt | ToolCallEvent | KnowledgeRetrieval  # the session events the planner emits
+RESULT_PREVIEW_CHARS = 500  # of a tool's result, in events and recordings
 
 
-@dataclass(frozen=True)
-class BackendSwitched:
-    old: str
-    new: str
+def _tool_event(epoch: int, call: ToolCall, result: ToolResult | None, started: bool = False) -> ToolCallEvent:
+    """A tool call's event: started, then done or failed with its result, or cancelled (no result)."""
+    if started or result is None:
+        return ToolCallEvent("started" if started else "cancelled", epoch, call.id, call.name, call.arguments)
+    return ToolCallEvent("done" if result.ok else "failed", epoch, call.id, call.name, call.arguments,
+                         result.content[:RESULT_PREVIEW_CHARS], round(result.elapsed_s, 4), result.cached,
+                         result.truncated, result.error)
 
 
-@dataclass(frozen=True)
-class ToolCallStarted:
-    epoch: int  # the attempt that made the call
-    call: ToolCall
-
-
-@dataclass(frozen=True)
-class ToolCallFinished:
-    epoch: int
-    call: ToolCall
-    result: ToolResult | None  # None: cancelled (its attempt was)
-
-
-@dataclass(frozen=True)
-class KnowledgeRetrieved:
-    epoch: int
-    retrieval: Any  # kame.knowledge.Retrieval
-
-
-PlannerEvent = (AttemptStarted | AttemptFirstToken | AttemptFinished | OracleEmitted | BackendSwitched
-                | ToolCallStarted | ToolCallFinished | KnowledgeRetrieved)
+def _knowledge_event(epoch: int, retrieval: Any) -> KnowledgeRetrieval:
+    """An attempt's retrieval (a kame.knowledge.Retrieval) as its event: the sources once each, in order."""
+    sources = tuple(dict.fromkeys(p.source for p in retrieval.passages))
+    return KnowledgeRetrieval(epoch, retrieval.query, len(retrieval.passages), sources, retrieval.tokens,
+                              round(retrieval.elapsed_s, 6))
 
 
 @dataclass
@@ -248,6 +233,7 @@ class Planner:
         self._deferred: asyncio.Task | None = None
         self._deferred_messages: list[ChatMessage] | None = None
         self._tasks: set[asyncio.Task] = set()
+        self.attempts: deque[AttemptRecord] = deque(maxlen=64)  # the recent ones, oldest first (benchmarks, tests)
 
     # ------------------------------------------------------------------ inputs
 
@@ -295,9 +281,8 @@ class Planner:
 
     def set_llm(self, llm: LLMClient) -> None:
         """Hot-swap the backend: the next attempt uses it; the front-end is untouched."""
-        old, self.llm = self.llm.name, llm
+        self.llm = llm
         self._failures, self._backoff_until = 0, 0.0
-        self._on_event(BackendSwitched(old, llm.name))
 
     def set_system_prompt(self, prompt: str) -> None:
         self.system_prompt = prompt
@@ -362,7 +347,8 @@ class Planner:
         self._make_room()
         record = AttemptRecord(self.epoch, self.llm.name, trigger, messages[-1].content.split("\n")[-1],
                                self.clock.now())
-        self._on_event(AttemptStarted(record))
+        self.attempts.append(record)
+        self._on_event(record.snapshot("started"))
         stream = self._running[self.epoch] = _Stream(record, self._turn)
         stream.task = self._spawn(self._run(stream, messages), f"llm-attempt-{self.epoch}")
 
@@ -441,7 +427,7 @@ class Planner:
                 logger.warning("knowledge retrieval failed (%s: %s); the LLM answers without it",
                                type(exc).__name__, exc)
             else:
-                self._on_event(KnowledgeRetrieved(stream.record.epoch, retrieval))
+                self._on_event(_knowledge_event(stream.record.epoch, retrieval))
                 if retrieval.text:
                     extra.append(retrieval.text)
         if not extra:
@@ -454,13 +440,13 @@ class Planner:
         stream.record.tool_calls += len(calls)
 
         async def one(call: ToolCall) -> ToolResult:
-            self._on_event(ToolCallStarted(epoch, call))
+            self._on_event(_tool_event(epoch, call, None, started=True))
             try:
                 result = await self.tools.run(call, stream.turn)
             except asyncio.CancelledError:
-                self._on_event(ToolCallFinished(epoch, call, None))
+                self._on_event(_tool_event(epoch, call, None))
                 raise
-            self._on_event(ToolCallFinished(epoch, call, result))
+            self._on_event(_tool_event(epoch, call, result))
             return result
 
         return list(await asyncio.gather(*(one(call) for call in calls)))
@@ -473,7 +459,7 @@ class Planner:
         record.text = " ".join(stream.words)
         if record.first_token_at is None:
             record.first_token_at = self.clock.now()
-            self._on_event(AttemptFirstToken(record))
+            self._on_event(record.snapshot("first_token"))
             if record.epoch > self._owner:
                 self._take_over(stream)
         if record.epoch != self._owner:  # older than the owner: it never takes the oracle back
@@ -505,16 +491,15 @@ class Planner:
 
     def _send(self, record: AttemptRecord, op: OracleOp, epoch: int, words: list[str]) -> None:
         text = " ".join(words)
-        update = OracleUpdate(epoch, op, tuple(tokenize_words(self.tokenizer, text)))
+        update = OracleUpdate(epoch, op, tuple(tokenize_words(self.tokenizer, text)), text)
         record.tokens += len(update.tokens)
         self._send_oracle(update)
-        self._on_event(OracleEmitted(update, text, record.epoch))
 
     def _finish(self, record: AttemptRecord, status: str, retry_in_s: float | None = None) -> None:
         if record.status != "running":  # cancelled already
             return
         record.status, record.finished_at = status, self.clock.now()
-        self._on_event(AttemptFinished(record, retry_in_s))
+        self._on_event(record.snapshot(status, retry_in_s))
 
     def _failed(self, record: AttemptRecord, exc: LLMError) -> None:
         if record.status != "running":  # cancelled already: not this stream's failure to count

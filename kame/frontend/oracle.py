@@ -27,6 +27,7 @@ class OracleUpdate:
     epoch: int  # id of the LLM stream this came from; grows with each (re)start
     op: OracleOp
     tokens: tuple[int, ...] = ()  # text token ids; after the start token for a reset
+    text: str = ""  # the words the tokens stand for: the engine ignores it, the session's events show it
 
     @classmethod
     def reset(cls, epoch: int, tokens: tuple[int, ...] = ()) -> OracleUpdate:
