@@ -24,7 +24,8 @@ from kame.backend.profiles import DEFAULT_PROFILES, BackendProfile
 from kame.errors import FrontendLoadError
 from kame.frontend.engine import BatchedEngine, NullEngine
 from kame.frontend.loader import Frontend, check_quantize, load_frontend, resolve_device
-from kame.frontend.runner import Clock, EngineRunner
+from kame.frontend.runner import EngineRunner
+from kame.frontend.step_policy import EngineClock
 from kame.tools.base import Tool
 from kame.tools.config import ToolConfig
 from kame.tools.knowledge_tool import KnowledgeTool
@@ -77,11 +78,11 @@ class RuntimeSettings:
     def resolved_max_sessions(self, cuda: bool) -> int:
         return default_max_sessions(self.max_sessions, cuda)
 
-    def resolved_engine_clock(self, cuda: bool) -> Clock:
+    def resolved_engine_clock(self, cuda: bool) -> EngineClock:
         return default_engine_clock(self.engine_clock, cuda)
 
 
-def default_engine_clock(clock: str, cuda: bool) -> Clock:
+def default_engine_clock(clock: str, cuda: bool) -> EngineClock:
     """The frame clock: as set, else (auto) eager on a CPU and tick on a GPU. Measured on the whole
     server on this project's 2-core CPU (docs/benchmarks.md, "The frame clock"): the tick gives the
     same p50 round trip (0.85-1.05x eager's) at one step per frame and 0.6x the CPU, but a longer

@@ -11,10 +11,12 @@ import time
 import numpy as np
 import pytest
 
+from kame.clock import ManualClock
 from kame.errors import EngineError
 from kame.frontend.engine import FRAME_SIZE, BatchedEngine, GenerationConfig
 from kame.frontend.oracle import OracleUpdate
-from kame.frontend.runner import EngineRunner, _Stamped
+from kame.frontend.runner import EngineRunner
+from kame.frontend.slots import SlotHandle, SlotInbox, Stamped
 
 from .conftest import noise_frames
 from .server_harness import wait_until
@@ -137,6 +139,60 @@ def test_stopped_runner_refuses_work(tiny):
         engine.close()
 
 
+def test_the_runner_decides_on_the_time_source_it_is_given(tiny):
+    engine = BatchedEngine(tiny, batch_size=1, gen=GREEDY)
+    manual = ManualClock(50.0)  # never advanced: the plan must be on its time, not the thread's clock
+    outputs = []
+    try:
+        with EngineRunner(engine, clock="tick", time_source=manual) as runner:
+            handle = runner.acquire(outputs.append)
+            handle.push_frame(ZERO)
+            asyncio.run(wait_until(lambda: len(outputs) == 1, "the frame (idle: stepped at once)"))
+            with runner._cond:
+                assert runner._inboxes[handle.slot].last_arrival == 50.0
+                # planned on that time: just after the arrival's phase (the margin), a frame on
+                assert runner.policy.next_tick == pytest.approx(50.0 + runner.frame_s + runner.policy.margin_s)
+            handle.release().result(10)
+    finally:
+        engine.close()
+
+
+class _Owner:
+    """Records what a handle asks of its runner (the `SlotOwner` calls)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.released: concurrent.futures.Future = concurrent.futures.Future()
+
+    def accept_frame(self, slot: int, frame: Stamped) -> None:
+        self.calls.append(("frame", slot, frame.generation))
+
+    def accept_oracle(self, slot: int, update: Stamped) -> None:
+        self.calls.append(("oracle", slot, update.generation))
+
+    def count_stale(self) -> None:
+        self.calls.append(("stale",))
+
+    def release_slot(self, slot: int, generation: int) -> concurrent.futures.Future:
+        self.calls.append(("release", slot, generation))
+        return self.released
+
+
+def test_a_handle_reaches_its_runner_only_through_the_slot_owner_calls():
+    owner = _Owner()
+    handle = SlotHandle(owner, 2, SlotInbox(7, lambda out: None, None))
+    with pytest.raises(EngineError, match="1920 samples"):
+        handle.push_frame(np.zeros(10, dtype=np.float32))
+    with pytest.raises(EngineError, match="NaN"):
+        handle.push_frame(np.full(FRAME_SIZE, np.nan, dtype=np.float32))
+    handle.push_frame(ZERO)
+    handle.push_oracle(OracleUpdate.reset(0, (10,)))
+    assert handle.release() is handle.release() is owner.released  # released once
+    handle.push_frame(ZERO)  # refused after the release: counted stale by the owner
+    handle.push_oracle(OracleUpdate.reset(1, (11,)))
+    assert owner.calls == [("frame", 2, 7), ("oracle", 2, 7), ("release", 2, 7), ("stale",), ("stale",)]
+
+
 # ------------------------------------------------------------------ slot generations
 
 ZERO = np.zeros(FRAME_SIZE, dtype=np.float32)
@@ -168,7 +224,7 @@ def test_a_released_handle_cannot_reach_the_next_occupant(tiny, rng):
             old.push_oracle(OracleUpdate.reset(0, (10, 11, 12)))  # a late LLM answer: refused, no exception
             old.push_frame(ZERO)
             assert runner.stats.stale_dropped == 2
-            runner._release(old.slot, old.generation)  # a release of the old generation frees nothing
+            runner.release_slot(old.slot, old.generation)  # a release of the old generation frees nothing
             _sync(runner)
             assert runner.free_slots == 0
             for frame in frames:
@@ -199,8 +255,8 @@ def test_an_update_racing_a_release_is_never_applied_to_the_next_occupant(tiny, 
             assert runner.stats.stale_dropped == 2  # left behind at the release, never stepped
             with runner._cond:  # items of the old generation that got into the new inbox anyway
                 inbox = runner._inboxes[new.slot]
-                inbox.updates.append(_Stamped(old.generation, OracleUpdate.reset(1, (20, 21))))
-                inbox.frames.append(_Stamped(old.generation, ZERO))
+                inbox.updates.append(Stamped(old.generation, OracleUpdate.reset(1, (20, 21))))
+                inbox.frames.append(Stamped(old.generation, ZERO))
                 for frame in noise_frames(rng, 3):
                     new.push_frame(frame)
             asyncio.run(wait_until(lambda: len(new_outputs) == 3, "the new occupant's 3 frames"))

@@ -1,16 +1,17 @@
 """Puts a `BatchedEngine` on its own thread, driven by a frame clock, so asyncio code never blocks on it.
 
-Sessions push PCM frames and oracle updates into thread-safe inboxes, stamped with the generation of
-their slot acquisition: anything of another generation is dropped, so nothing of a slot's previous
-occupant reaches the next. A batched step costs the whole batch however many slots it steps.
+Sessions push PCM frames and oracle updates into thread-safe inboxes (kame/frontend/slots.py), stamped
+with the generation of their slot acquisition: anything of another generation is dropped, so nothing of
+a slot's previous occupant reaches the next. A batched step costs the whole batch however many slots
+it steps.
 
-`clock="tick"`: the engine thread steps once per `frame_s` for every slot that has a frame, at the
-phase of the frame period that keeps the sessions' mean wait shortest (their arrivals' phases are
-learnt, `TickSchedule`), at once when every sending slot has its frame, and at once when a live slot
-holds two frames or more (it is behind: after a stall, extra steps, batched across slots, catch every
-slot up, its audio kept). `clock="eager"`: step as soon as a frame arrives, waiting at most
-`batch_window_s` for the other sending slots. With either, a live slot holding more than
-`jitter_frames` at a step drops its oldest frames down to that (skip to live: only when the
+When to step is the step policy's (kame/frontend/step_policy.py), named by `clock`: "tick" steps once
+per `frame_s` for every slot that has a frame, at the phase of the frame period that keeps the sessions'
+mean wait shortest, early when every sending slot has its frame, and at once when a live slot is behind;
+"eager" steps as soon as a frame arrives, waiting at most `batch_window_s` for the other sending
+slots. The policy decides on the runner's time source (`now()`, injected: a manual clock in tests);
+the thread waits on its condition variable for what the policy says. With either, a live slot holding
+more than `jitter_frames` at a step drops its oldest frames down to that (skip to live: only when the
 engine cannot keep up), a step longer than a frame is counted as an overrun, and the thread
 sleeps while no slot has a frame. A slot acquired with `live=False` (a client that sends
 faster than real time on purpose) never skips and never triggers a catch-up: alone, it is stepped
@@ -20,35 +21,37 @@ as fast as the engine goes. Slot acquire/release run on the engine thread betwee
 from __future__ import annotations
 
 import asyncio
-import cmath
 import concurrent.futures
 import logging
-import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from kame.audio import FRAME_S
+from kame.clock import MonotonicClock
 from kame.errors import EngineError
 from kame.frontend.engine import FRAME_SIZE, BatchedEngine, FrameOutput
 from kame.frontend.oracle import OracleUpdate
 from kame.frontend.sampling import Sampling
+from kame.frontend.slots import ErrorCallback, OutputCallback, SlotHandle, SlotInbox, Stamped
+from kame.frontend.step_policy import EngineClock, make_policy
 
 logger = logging.getLogger(__name__)
 
-OutputCallback = Callable[[FrameOutput], None]
-ErrorCallback = Callable[[BaseException], None]
-Clock = Literal["tick", "eager"]
 OVERRUN_LOG_INTERVAL_S = 60.0  # an overloaded engine warns at most this often
-SENDING_FRAMES = 2  # a slot that pushed a frame within this many frame periods is sending
-PHASE_WEIGHT = 0.2  # how much each arrival moves a slot's learnt phase (an exponential average)
-PHASE_STEADY = 0.5  # a slot's phase counts once its average is this consistent (1: every arrival alike)
+
+
+class TimeSource(Protocol):
+    """Where the runner reads the time (`kame.clock.MonotonicClock` or `ManualClock`): only `now()`, since
+    the engine thread waits on its own condition variable, never on the clock."""
+
+    def now(self) -> float: ...
 
 
 @dataclass
@@ -62,175 +65,18 @@ class RunnerStats:
     overruns: int = 0  # steps that took longer than a frame
 
 
-class _Stamped(NamedTuple):
-    generation: int  # of the acquisition whose handle pushed it
-    value: object  # an np.ndarray frame or an OracleUpdate
-
-
-@dataclass
-class _SlotInbox:
-    """One acquisition of a slot: its callbacks and what its handle pushed."""
-
-    generation: int
-    on_output: OutputCallback
-    on_error: ErrorCallback | None
-    live: bool = True  # False: the client paces itself (faster than real time): never skip to live
-    frames: deque[_Stamped] = field(default_factory=deque)
-    last_arrival: float | None = None  # monotonic time of the latest frame pushed
-    phase: complex = 0j  # average of exp(2 pi i t / frame_s) over its arrivals t: where in the period they come
-    updates: list[_Stamped] = field(default_factory=list)
-    dropped_frames: int = 0  # over max_pending_frames at push time, or skipped to live
-
-
-class TickSchedule:
-    """When the tick clock steps, as a function of the slots and a time passed in (no thread and no
-    clock of its own: the runner passes `time.monotonic()`, tests a manual time).
-
-    A step is due at `next_tick`, which lies at `phase_s` of the frame period (times modulo
-    `frame_s`) at least half a frame after the step that planned it. It comes early when every
-    sending slot holds a frame within two margins of the tick ("ready": waiting out the arrivals'
-    jitter would only add latency), and when a live slot holds
-    two frames or more ("behind": a stall left it late; the catch-up steps every slot that has a frame,
-    so the extra step serves the whole batch, and does not move the plan). The phase is the one that
-    keeps the live slots' summed wait (tick - arrival, modulo the frame) shortest: just after one of
-    their learnt arrival phases; the current one is kept unless another saves over a millisecond a slot.
-    """
-
-    def __init__(self, frame_s: float, margin_s: float | None = None) -> None:
-        self.frame_s = frame_s
-        self.margin_s = frame_s / 16 if margin_s is None else margin_s  # "just after": the arrivals' jitter
-        self.next_tick: float | None = None  # None: idle (the next frame is stepped at once)
-        self.phase_s: float | None = None  # where in the period the tick lies; None: no steady arrivals yet
-
-    def arrived(self, inbox: _SlotInbox, now: float) -> None:
-        """A frame was pushed into `inbox` at `now`: learn the slot's phase (live slots only)."""
-        inbox.last_arrival = now
-        if inbox.live:
-            arrival = cmath.exp(2j * math.pi * (now % self.frame_s) / self.frame_s)
-            inbox.phase = arrival if inbox.phase == 0 else inbox.phase + PHASE_WEIGHT * (arrival - inbox.phase)
-
-    def sending(self, inbox: _SlotInbox, now: float) -> bool:
-        """Holds a frame, or pushed one lately: a slot whose client stopped sending holds nobody up."""
-        return bool(inbox.frames) or (inbox.last_arrival is not None
-                                      and now - inbox.last_arrival <= SENDING_FRAMES * self.frame_s)
-
-    def ready(self, inboxes: Collection[_SlotInbox], now: float) -> bool:
-        """Some slot holds a frame and every sending slot does."""
-        return any(inbox.frames for inbox in inboxes) and all(
-            inbox.frames for inbox in inboxes if self.sending(inbox, now))
-
-    def reason(self, inboxes: list[_SlotInbox], now: float) -> str | None:
-        """Why to step now: "due", "behind" or "ready"; None: wait (for `next_tick` or a frame)."""
-        if not any(inbox.frames for inbox in inboxes):
-            return None
-        if self.next_tick is None or now >= self.next_tick:
-            return "due"
-        if any(self._behind(inbox) for inbox in inboxes):
-            return "behind"
-        return "ready" if self._near(now) and self.ready(inboxes, now) else None
-
-    def wakes(self, inbox: _SlotInbox, inboxes: Collection[_SlotInbox], now: float) -> bool:
-        """Whether a frame just pushed into `inbox` is a reason to step before the tick (the cheap
-        checks first, and the slots as a view, not a copy: this runs at every push)."""
-        return self._behind(inbox) or (self._near(now) and self.ready(inboxes, now))
-
-    @staticmethod
-    def _behind(inbox: _SlotInbox) -> bool:
-        return inbox.live and len(inbox.frames) >= 2
-
-    def _near(self, now: float) -> bool:
-        """Close enough to the tick to step when every frame is in: no need to wait out the margin (but
-        no earlier, or the step would stay at whatever phase it had, the arrivals just before it waiting
-        a whole frame); without a phase (no steady live slot: self-paced clients) at any time."""
-        return self.phase_s is None or self.next_tick is None or self.next_tick - now <= 2 * self.margin_s
-
-    def stepped(self, reason: str, inboxes: list[_SlotInbox], now: float) -> None:
-        """A step starts at `now` for `reason`: plan the next tick (a catch-up keeps the plan)."""
-        if reason == "behind" and self.next_tick is not None:
-            return
-        self.phase_s = self._best_phase(inboxes, now)
-        if self.phase_s is None:
-            self.next_tick = now + self.frame_s
-        else:
-            earliest = now + self.frame_s / 2
-            self.next_tick = earliest + (self.phase_s - earliest) % self.frame_s
-
-    def idle(self) -> None:
-        """The tick came and no slot had a frame: sleep until one comes, then step it at once."""
-        self.next_tick = None
-
-    def _best_phase(self, inboxes: list[_SlotInbox], now: float) -> float | None:
-        period = self.frame_s
-        phases = np.array([cmath.phase(inbox.phase) / (2 * math.pi) * period % period for inbox in inboxes
-                           if inbox.live and abs(inbox.phase) >= PHASE_STEADY and self.sending(inbox, now)])
-        if not len(phases):
-            return None
-        candidates = (phases + self.margin_s) % period
-        if self.phase_s is not None:
-            candidates = np.append(candidates, self.phase_s)
-        waits = ((candidates[:, None] - phases[None, :]) % period).sum(axis=1)
-        best = int(np.argmin(waits))
-        if self.phase_s is not None and waits[-1] <= waits[best] + 0.001 * len(phases):
-            return self.phase_s
-        return float(candidates[best])
-
-
-class SlotHandle:
-    """A session's hold on one engine slot, for one acquisition. Thread-safe; `push_*` never block.
-
-    Once released, pushes are refused silently (counted in `stats.stale_dropped`): a late LLM answer
-    must not crash anything.
-    """
-
-    def __init__(self, runner: EngineRunner, slot: int, inbox: _SlotInbox) -> None:
-        self.runner, self.slot = runner, slot
-        self._inbox = inbox
-        self.closed = False
-        self._released: concurrent.futures.Future | None = None
-
-    @property
-    def generation(self) -> int:
-        return self._inbox.generation
-
-    def push_frame(self, pcm: np.ndarray) -> None:
-        """Queue one frame of FRAME_SIZE samples; a wrong shape is refused here, not in the batch."""
-        if self.closed:
-            self.runner._count_stale()
-            return
-        frame = np.asarray(pcm, dtype=np.float32)
-        if frame.shape != (FRAME_SIZE,):
-            raise EngineError(f"a frame must be {FRAME_SIZE} samples, got shape {frame.shape}")
-        if not np.isfinite(frame).all():
-            raise EngineError("a frame holds NaN or infinite samples")
-        self.runner._push_frame(self.slot, _Stamped(self.generation, frame))
-
-    def push_oracle(self, update: OracleUpdate) -> None:
-        if self.closed:
-            self.runner._count_stale()
-            return
-        self.runner._push_oracle(self.slot, _Stamped(self.generation, update))
-
-    @property
-    def dropped_frames(self) -> int:
-        """Frames of this acquisition that were never stepped (queue cap or skip to live)."""
-        return self._inbox.dropped_frames
-
-    def release(self) -> concurrent.futures.Future:
-        """Give the slot back; the future is done once the engine thread has freed it."""
-        if not self.closed:
-            self.closed = True
-            self._released = self.runner._release(self.slot, self.generation)
-        return self._released
-
-
 class EngineRunner:
-    """Owns the engine thread. Use as a context manager or call `start()` / `stop()`."""
+    """Owns the engine thread. Use as a context manager or call `start()` / `stop()`.
+
+    `accept_frame`, `accept_oracle`, `count_stale` and `release_slot` are what its `SlotHandle`s call
+    (`SlotOwner`); sessions use the handles."""
 
     def __init__(self, engine: BatchedEngine, batch_window_s: float = 0.02, max_pending_frames: int = 25,
                  on_step: Callable[[float, int], None] | None = None, torch_threads: int | None = None, *,
-                 clock: Clock = "tick", frame_s: float = FRAME_S, jitter_frames: int | None = 3) -> None:
-        if clock not in ("tick", "eager"):
-            raise ValueError(f"clock must be 'tick' or 'eager', got {clock!r}")
+                 clock: EngineClock = "tick", frame_s: float = FRAME_S, jitter_frames: int | None = 3,
+                 time_source: TimeSource | None = None) -> None:
+        # tick: one step per frame_s for all slots; eager: step when a frame arrives (batch_window_s)
+        self.policy = make_policy(clock, frame_s, batch_window_s)
         if frame_s <= 0 or (jitter_frames is not None and jitter_frames < 0) or max_pending_frames < 1:
             raise ValueError("frame_s must be > 0, jitter_frames >= 0 (or None) and max_pending_frames >= 1")
         self.engine = engine
@@ -238,20 +84,18 @@ class EngineRunner:
         # thread cost more than they give for small models (docs/benchmarks.md): 1 is best there
         self.torch_threads = torch_threads
         self.on_step = on_step  # (seconds, batch size) after each step, on the engine thread
-        self.clock = clock  # tick: one step per frame_s for all slots; eager: step when a frame arrives
         self.frame_s = frame_s  # the tick period (one frame of audio); a longer step is an overrun
         # frames a live slot may hold at a step before it skips to live; None: never (nothing may be lost)
         self.jitter_frames = jitter_frames
-        self.batch_window_s = batch_window_s  # eager: how long a ready slot waits for the others
         self.max_pending_frames = max_pending_frames  # per slot, both clocks; beyond it the oldest is dropped
+        self.time_source = time_source or MonotonicClock()  # arrivals, the policy's decisions, the overrun warning
         self.stats = RunnerStats()
         self._cond = threading.Condition()
-        self._inboxes: dict[int, _SlotInbox] = {}
+        self._inboxes: dict[int, SlotInbox] = {}
         self._commands: deque[tuple[Callable[[], object], concurrent.futures.Future]] = deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._generation = 0  # of the latest acquisition
-        self._schedule = TickSchedule(frame_s)  # when to step (tick clock); arrivals are noted for both
         self._idle = False  # the engine thread sleeps until a frame arrives
         self._holding = 0  # inboxes that hold a frame (kept as frames come and go: the eager wait counts on it)
         self._overrun_logged_at: float | None = None
@@ -331,25 +175,13 @@ class EngineRunner:
             slot = self.engine.acquire() if sampling is None else self.engine.acquire(sampling)
             with self._cond:
                 self._generation += 1
-                inbox = self._inboxes[slot] = _SlotInbox(self._generation, on_output, on_error, live)
+                inbox = self._inboxes[slot] = SlotInbox(self._generation, on_output, on_error, live)
             return SlotHandle(self, slot, inbox)
         return _acquire
 
     @property
     def free_slots(self) -> int:
         return self.engine.free_slots
-
-    def _release(self, slot: int, generation: int) -> concurrent.futures.Future:
-        def _do() -> None:
-            with self._cond:
-                inbox = self._inboxes.get(slot)
-                if inbox is None or inbox.generation != generation:
-                    return  # released already: the slot may belong to someone else now
-                del self._inboxes[slot]
-                self._holding -= bool(inbox.frames)
-                self.stats.stale_dropped += len(inbox.frames) + len(inbox.updates)  # left behind, never applied
-            self.engine.release(slot)
-        return self._call(_do)
 
     def _call(self, fn: Callable[[], object]) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -361,15 +193,23 @@ class EngineRunner:
             self._cond.notify_all()
         return future
 
-    def _current_inbox(self, slot: int, generation: int) -> _SlotInbox | None:
-        """The slot's inbox if `generation` still holds it, else None (counted stale); under the lock."""
-        inbox = self._inboxes.get(slot)
-        if inbox is None or inbox.generation != generation:
-            self.stats.stale_dropped += 1
-            return None
-        return inbox
+    # ---------------------------------------------------------------- what the handles call (SlotOwner)
 
-    def _push_frame(self, slot: int, frame: _Stamped) -> None:
+    def release_slot(self, slot: int, generation: int) -> concurrent.futures.Future:
+        """Free `slot` on the engine thread if `generation` still holds it (a later release is a no-op)."""
+        def _do() -> None:
+            with self._cond:
+                inbox = self._inboxes.get(slot)
+                if inbox is None or inbox.generation != generation:
+                    return  # released already: the slot may belong to someone else now
+                del self._inboxes[slot]
+                self._holding -= bool(inbox.frames)
+                self.stats.stale_dropped += len(inbox.frames) + len(inbox.updates)  # left behind, never applied
+            self.engine.release(slot)
+        return self._call(_do)
+
+    def accept_frame(self, slot: int, frame: Stamped) -> None:
+        """Queue a frame its handle checked; the policy notes the arrival and says whether it wakes the thread."""
         with self._cond:
             inbox = self._current_inbox(slot, frame.generation)
             if inbox is None:
@@ -377,23 +217,32 @@ class EngineRunner:
             inbox.frames.append(frame)
             if len(inbox.frames) == 1:
                 self._holding += 1
-            now = time.monotonic()
-            self._schedule.arrived(inbox, now)
+            now = self.time_source.now()
+            self.policy.arrived(inbox, now)
             if len(inbox.frames) > self.max_pending_frames:
                 inbox.frames.popleft()
                 inbox.dropped_frames += 1
-            if self.clock == "eager" or self._idle or self._schedule.wakes(inbox, self._inboxes.values(), now):
-                self._cond.notify_all()  # else the tick wakes the thread by itself
+            if self._idle or self.policy.wakes(inbox, self._inboxes.values(), now):
+                self._cond.notify_all()  # else the time the policy gave wakes the thread by itself
 
-    def _push_oracle(self, slot: int, update: _Stamped) -> None:
+    def accept_oracle(self, slot: int, update: Stamped) -> None:
         with self._cond:
             inbox = self._current_inbox(slot, update.generation)
             if inbox is not None:
                 inbox.updates.append(update)  # never dropped within a generation: resets must reach the slot
 
-    def _count_stale(self) -> None:
+    def count_stale(self) -> None:
+        """A push through a released handle: refused, counted."""
         with self._cond:
             self.stats.stale_dropped += 1
+
+    def _current_inbox(self, slot: int, generation: int) -> SlotInbox | None:
+        """The slot's inbox if `generation` still holds it, else None (counted stale); under the lock."""
+        inbox = self._inboxes.get(slot)
+        if inbox is None or inbox.generation != generation:
+            self.stats.stale_dropped += 1
+            return None
+        return inbox
 
     # ---------------------------------------------------------------- engine thread: when to step
 
@@ -412,32 +261,28 @@ class EngineRunner:
             future.set_exception(EngineError("the engine runner stopped"))
 
     def _next_work(self):
-        """(commands, batch) to run next, or None to stop."""
-        return self._next_tick_work() if self.clock == "tick" else self._next_eager_work()
-
-    def _next_tick_work(self):
-        schedule = self._schedule
+        """(commands, batch) to run next, or None to stop: commands go first, but a batch the policy was
+        gathering (eager's window) is stepped as it is when one comes; else the policy says when to step,
+        and the thread waits that long or until a push wakes it."""
+        policy = self.policy
         with self._cond:
-            while not self._stopping:
-                if self._commands:
-                    return self._take_commands(), {}
-                now = time.monotonic()
-                inboxes = list(self._inboxes.values())
-                reason = schedule.reason(inboxes, now)
-                if reason is not None:
-                    schedule.stepped(reason, inboxes, now)
+            while True:
+                if self._stopping or self._commands:
+                    if policy.interrupt():
+                        return [], self._take_batch()
+                    return None if self._stopping else (self._take_commands(), {})
+                now = self.time_source.now()
+                at = policy.next_step(self._inboxes.values(), self._holding, now)
+                if at is not None and at <= now:
                     return [], self._take_batch()
-                if schedule.next_tick is not None and now >= schedule.next_tick:
-                    schedule.idle()  # the tick found no frame: sleep until one arrives, then step at once
-                self._wait(None if schedule.next_tick is None else schedule.next_tick - now)
-            return None
+                self._wait(None if at is None else at - now)
 
     def _count_overrun(self, elapsed: float) -> None:
         """A step longer than a frame: the engine is behind real time; it warns once a minute at most."""
         if elapsed <= self.frame_s:
             return
         self.stats.overruns += 1
-        now = time.monotonic()
+        now = self.time_source.now()
         if self._overrun_logged_at is None or now - self._overrun_logged_at >= OVERRUN_LOG_INTERVAL_S:
             self._overrun_logged_at = now
             logger.warning("an engine step took %.0f ms, longer than the %.0f ms frame (%d overruns so far): "
@@ -449,35 +294,12 @@ class EngineRunner:
         self._cond.wait(timeout)
         self._idle = False
 
-    def _next_eager_work(self):
-        with self._cond:
-            while not (self._stopping or self._commands or self._any_frame()):
-                self._wait(None)
-            if self._stopping:
-                return None
-            if self._commands:
-                return self._take_commands(), {}
-            now = time.monotonic()
-            deadline = now + self.batch_window_s
-            # every sending slot holds a frame: counted once, then the wait checks a counter (it wakes at
-            # every push)
-            sending = sum(self._schedule.sending(inbox, now) for inbox in self._inboxes.values())
-            while self._holding < sending and not self._commands and not self._stopping:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
-            return [], self._take_batch()
-
     def _take_commands(self) -> list[tuple[Callable[[], object], concurrent.futures.Future]]:
         commands = list(self._commands)
         self._commands.clear()
         return commands
 
-    def _any_frame(self) -> bool:
-        return self._holding > 0
-
-    def _take_batch(self) -> dict[int, tuple[np.ndarray, list[OracleUpdate], _SlotInbox]]:
+    def _take_batch(self) -> dict[int, tuple[np.ndarray, list[OracleUpdate], SlotInbox]]:
         """One frame (and the pending oracle updates) of every slot that has one; under the lock."""
         batch = {}
         for slot, inbox in self._inboxes.items():
@@ -496,7 +318,7 @@ class EngineRunner:
             batch[slot] = (frame, updates, inbox)
         return batch
 
-    def _pop_current(self, inbox: _SlotInbox) -> np.ndarray | None:
+    def _pop_current(self, inbox: SlotInbox) -> np.ndarray | None:
         """The inbox's oldest frame of its own generation (the push checked it already: this is the last
         guard, a comparison a frame; filtering the whole inbox at every step cost 7 % of the GIL at 64
         sessions); others are dropped and counted stale."""
@@ -507,7 +329,7 @@ class EngineRunner:
             self.stats.stale_dropped += 1
         return None
 
-    def _skip_to_live(self, inbox: _SlotInbox, jitter_frames: int) -> None:
+    def _skip_to_live(self, inbox: SlotInbox, jitter_frames: int) -> None:
         excess = len(inbox.frames) - max(1, jitter_frames)  # 0 and 1 both mean: step the newest frame
         for _ in range(max(0, excess)):
             if inbox.frames.popleft().generation == inbox.generation:
@@ -532,7 +354,7 @@ class EngineRunner:
             logger.exception("could not reset slot %d after a failed step", slot)
 
     def _step(self, batch) -> None:
-        started = time.perf_counter()
+        started = time.perf_counter()  # the step's own cost, on the real clock whatever the time source
         try:
             for slot, (_, updates, _) in batch.items():
                 for update in updates:
