@@ -46,35 +46,8 @@ def add_llm_arg(parser: argparse.ArgumentParser, help_text: str, metavar: str = 
         parser.add_argument(old, dest="llm", default=None, help=argparse.SUPPRESS)
 
 
-def _printer(as_json: bool):
-    def show(item: tuple[float, str, object]) -> None:
-        t, kind, value = item
-        if as_json:
-            print(json.dumps({"t": round(t, 3), "type": kind, kind: value}), flush=True)
-        elif kind == "event":
-            line = describe_event(value)
-            if line:
-                print(f"[{t:7.2f}] {line}", flush=True)
-        elif kind == "error":
-            print(f"[{t:7.2f}] error: {value}", flush=True)
-    return show
-
-
-def describe_event(event: dict) -> str | None:
-    kind = event.get("type")
-    if kind == "transcript":
-        return f"user ({'final' if event['final'] else 'partial'}): {event['text']}"
-    if kind == "oracle":
-        return f"oracle {event['op']} (epoch {event['epoch']}, frame {event['frame']}): {event['text']}"
-    if kind == "llm" and event["phase"] in ("started", "failed"):
-        detail = event.get("error") or event.get("user_text", "")
-        return f"llm {event['phase']} (epoch {event['epoch']}, {event['backend']}): {detail}"
-    if kind in ("error", "asr", "backend"):
-        return f"{kind}: {event.get('message') or event.get('name')}"
-    return None
-
-
 def run_client(args: argparse.Namespace) -> int:
+    from client.console import printer
     from client.conversation import converse
     from kame.audio import read_audio
 
@@ -84,7 +57,7 @@ def run_client(args: argparse.Namespace) -> int:
     if args.token:
         args.url += ("&" if "?" in args.url else "?") + f"token={args.token}"
     conv = asyncio.run(converse(args.url, pcm, realtime=args.realtime, tail_s=args.tail, backend=args.llm,
-                                system_prompt=args.system_prompt, on_item=_printer(args.json)))
+                                system_prompt=args.system_prompt, on_item=printer(args.json)))
     return _finish(args, conv, {})
 
 

@@ -9,8 +9,8 @@ from collections import deque
 
 import numpy as np
 
-from client.cli import describe_event
 from client.client import AudioMessage, ErrorMessage, EventMessage, KameClient, TextMessage
+from client.console import describe_event
 from kame.errors import KameError
 from kame.protocol import FRAME_SIZE as FRAME
 from kame.protocol import SAMPLE_RATE as RATE

@@ -179,8 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _register_plugins(sub: argparse._SubParsersAction, group: str) -> None:
-    """Subcommands of the server and the clients, found through entry points (`kame.commands`,
-    `kame.bench`), so that `kame` itself never imports `server/` or `client/`."""
+    """Subcommands of the server, the clients and the evaluations, found through entry points
+    (`kame.commands`, `kame.bench`), so that `kame` itself never imports `server/` or `client/`."""
     from importlib.metadata import entry_points
 
     for entry in sorted(entry_points(group=group), key=lambda e: e.name):

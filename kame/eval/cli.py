@@ -1,6 +1,7 @@
-"""`kame eval mtbench`: spoken MT-Bench through a running server's websocket (`--url`), or a tandem
-session in this process (`--in-process`). The harness itself (modes, judge, resumable results,
-report) is `kame.eval.harness`; this module gives it its conversation source.
+"""`kame eval mtbench`: spoken MT-Bench through a running server's websocket (`--url`, through
+`client/`'s wire client), or a tandem session in this process (`--in-process`, `kame.eval.inprocess`).
+The harness itself (modes, judge, resumable results, report) is `kame.eval.harness`; this module
+turns the flags into its settings and gives it its conversation source.
 """
 
 from __future__ import annotations
@@ -10,15 +11,12 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from client.cli import add_llm_arg
-from client.conversation import converse
+from client.cli import DEFAULT_URL, add_llm_arg
 from kame.errors import KameError
 from kame.eval.inprocess import add_in_process_args, check_in_process_args
 
 if TYPE_CHECKING:  # the harness loads the ASR and the judge's client: only when a run starts
     from kame.eval.harness import ConversationSource, EvalSettings, Mode
-
-DEFAULT_URL = "ws://127.0.0.1:8998/api/chat"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -65,6 +63,8 @@ def settings_of(args: argparse.Namespace) -> EvalSettings:
 
 def websocket_source(url: str, realtime: bool, tail_s: float) -> ConversationSource:
     """Each question as a new websocket session; a mode becomes the session's query options."""
+    from client.conversation import converse
+
     async def source(pcm, mode: Mode):
         options: dict = {} if mode.asr else {"asr": "off"}
         if mode.oracle_delay_s is not None:

@@ -10,10 +10,9 @@ import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from client.cli import DEFAULT_URL
 from kame.errors import KameError
 from kame.eval.inprocess import CUSTOM, add_in_process_args, check_in_process_args
-
-DEFAULT_URL = "ws://127.0.0.1:8998/api/chat"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
