@@ -56,6 +56,7 @@ class SocketSession:
         self._recorder: SessionRecorder | None = None
         self._dropped_out = 0
         self._stop: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._group: asyncio.TaskGroup | None = None
         self.ended = asyncio.Event()
 
     # ---------------------------------------------------------------- lifecycle
@@ -90,6 +91,7 @@ class SocketSession:
         try:
             await self._greet(tandem)
             async with asyncio.TaskGroup() as tasks:
+                self._group = tasks
                 tasks.create_task(self._receive(tandem), name=f"ws-{self.id}-receive")
                 tasks.create_task(self._forward(tandem), name=f"ws-{self.id}-forward")
                 tasks.create_task(self._sender(), name=f"ws-{self.id}-send")
@@ -109,11 +111,21 @@ class SocketSession:
             logger.exception("session %s failed", self.id)
             await self._close(1011, "internal error")
         finally:
+            self._group = None
             await tandem.aclose()
             metrics.active_sessions.dec()
             if self._recorder is not None:
                 await asyncio.to_thread(self._recorder.close)
             self.ended.set()
+
+    def _spawn(self, coro, name: str) -> None:
+        """A task of this session, in its TaskGroup (a failure in it ends the session, logged)."""
+        try:
+            if self._group is None:
+                raise RuntimeError("the session has ended")
+            self._group.create_task(coro, name=f"ws-{self.id}-{name}")
+        except RuntimeError:  # ended, or ending: nothing more is started
+            coro.close()
 
     def shutdown(self, reason: str) -> None:
         """The server is stopping: tell the client and end the session (through its own tasks)."""

@@ -1,0 +1,199 @@
+"""The websocket side of `/v1/realtime`: runs a `RealtimeMapping` over one tandem session.
+
+It feeds the mapping the client's frames, the session's events and the clock, and carries out
+what the mapping asks: server events onto the socket's queue (and into the recording), calls on
+the session, and the client-function bridge (the LLM's call waits on a future that the client's
+output resolves). One timer task sleeps until the mapping's next deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+
+from starlette.websockets import WebSocket
+
+from kame.clock import Clock, MonotonicClock
+from kame.session import TandemSession
+from kame.session_events import AssistantAudio
+from kame.tools.base import ToolLimits, ToolSpec
+from server.realtime import actions as act
+from server.realtime.config import SessionFacts
+from server.realtime.mapping import RealtimeMapping
+from server.services import Services
+from server.transport import Ended, SocketSession
+
+logger = logging.getLogger(__name__)
+
+
+class ClientTool:
+    """A function the Realtime client declared: the backend LLM calls it, the client runs it."""
+
+    client = True  # TandemSession.set_client_tools replaces these, the server's tools stay
+
+    def __init__(self, session: RealtimeSession, spec: ToolSpec, limits: ToolLimits) -> None:
+        self.session, self.spec, self.limits = session, spec, limits
+
+    async def call(self, arguments: dict) -> str:
+        return await self.session.call_client_function(self.spec.name, arguments)
+
+
+class RealtimeSession(SocketSession):
+    transport = "realtime"
+
+    def __init__(self, ws: WebSocket, services: Services, model: str, beta: bool, clock: Clock | None = None) -> None:
+        super().__init__(ws, services)
+        self.model, self.beta = model, beta
+        self.clock = clock or MonotonicClock()
+        # browsers cannot set headers: OpenAI's browser clients offer the "realtime" subprotocol (and
+        # their key as another one, which server/access.py reads)
+        if ws is not None and "realtime" in ws.scope.get("subprotocols", []):
+            self.subprotocol = "realtime"
+        self.mapping: RealtimeMapping | None = None
+        self._tandem: TandemSession | None = None
+        self._calls: dict[str, asyncio.Future[str]] = {}  # function calls waiting for the client's output
+        self._rearm = asyncio.Event()  # the mapping's next deadline came nearer than the timer's
+        self._armed: float | None = None
+
+    def facts(self, tandem: TandemSession) -> SessionFacts:
+        settings, runtime = self.settings, self.services.runtime
+        whisper = settings.whisper
+        server_vad = {"type": "server_vad", "threshold": whisper.vad_threshold, "prefix_padding_ms": 300,
+                      "silence_duration_ms": int(whisper.min_silence_s * 1000), "create_response": True,
+                      "interrupt_response": True, "idle_timeout_ms": None}
+        return SessionFacts(self.id, runtime.frontend.source, runtime.asr.name, tuple(runtime.profiles),
+                            tandem.backend, tandem.planner.system_prompt, server_vad, settings.realtime,
+                            settings.max_message_bytes * 4 // 3 + 4096)  # base64 audio of the binary limit
+
+    async def open(self) -> TandemSession:
+        config = self.settings.session_config(stats_interval_s=None)
+        return await self.open_tandem(config)
+
+    # ---------------------------------------------------------------- SocketSession's hooks
+
+    async def _greet(self, tandem: TandemSession) -> None:
+        self._tandem = tandem
+        self.mapping = RealtimeMapping(self.facts(tandem), self.model, self.beta, self.clock.now())
+        self.mapping.greet()
+        self._carry_out()
+
+    async def _on_message(self, message: dict, tandem: TandemSession) -> None:
+        try:
+            self.mapping.on_client(message.get("text"), self.clock.now())
+        finally:
+            self._carry_out()
+
+    def _bad_message(self, exc: Exception) -> None:
+        self.mapping.refuse(exc)
+        self._carry_out()
+
+    def _report(self, code: str, message: str) -> None:
+        if self.mapping is not None:
+            self.mapping.outbox.error(code, message)
+            self._carry_out()
+
+    async def _forward(self, tandem: TandemSession) -> None:
+        async for event in tandem:
+            self.mapping.on_session(event, self.clock.now())
+            if isinstance(event, AssistantAudio):
+                self._count_dropped(tandem)
+            self._carry_out()
+        raise Ended("the session ended")
+
+    def _extra_tasks(self, tandem: TandemSession) -> list:
+        return [self._timer()]
+
+    # ---------------------------------------------------------------- carrying out
+
+    def _carry_out(self) -> None:
+        tandem = self._tandem
+        for action in self.mapping.take():
+            match action:
+                case act.Send(event=event, droppable=droppable):
+                    if self._recorder is not None and not droppable:
+                        self._recorder.write_event({"realtime": event})
+                    self._send.put(json.dumps(event), droppable=droppable)
+                case act.PushAudio(pcm=pcm):
+                    tandem.push_pcm(pcm)
+                case act.Flush(token=token):
+                    self._spawn(self._flush(token), "flush")
+                case act.Configure(backend=backend, system_prompt=prompt):
+                    tandem.configure(backend=backend, system_prompt=prompt)
+                case act.SetOracleDelay(seconds=seconds):
+                    tandem.set_oracle_delay(seconds)
+                case act.SetClientTools(specs=specs, timeout_s=timeout_s):
+                    self._set_tools(tandem, specs, timeout_s)
+                case act.AddUserText(text=text):
+                    tandem.add_user_text(text)
+                case act.TruncateAssistant(said=said, heard=heard):
+                    tandem.truncate_assistant(said, heard)
+                case act.AnswerCall(call_id=call_id, output=output):
+                    waiting = self._calls.get(call_id)
+                    if waiting is not None and not waiting.done():
+                        waiting.set_result(output)
+                case act.End(reason=reason):
+                    raise Ended(reason)
+        at = self.mapping.wake_at()
+        if at is not None and (self._armed is None or at < self._armed):
+            self._rearm.set()
+
+    def _set_tools(self, tandem: TandemSession, specs: tuple[ToolSpec, ...], timeout_s: float) -> None:
+        tools = [ClientTool(self, spec, ToolLimits(timeout_s, 8000)) for spec in specs]
+        tandem.set_client_tools(tools)
+        if tools and not tandem.planner.tools_on:  # no error event: frameworks end their session on one
+            logger.info("session %s: %d tools stored; backend %s calls no tools, so it answers without them",
+                        self.id, len(tools), tandem.backend)
+
+    async def _flush(self, token: str) -> None:
+        await self._tandem.flush()
+        self.mapping.on_flushed(token, self.clock.now())
+        self._carry_out()
+
+    async def _timer(self) -> None:
+        """Sleep on the clock until the mapping's next deadline (sooner when it comes nearer)."""
+        idle_rounds = 0
+        while True:
+            self._rearm.clear()
+            self._armed = at = self.mapping.wake_at()
+            delay = None if at is None else at - self.clock.now()
+            if delay is None or delay > 0:
+                idle_rounds = 0
+                await self._sleep_or_rearm(delay)
+            else:
+                idle_rounds += 1
+                if idle_rounds > 100:  # a deadline that on_time does not move: a bug, not a busy loop
+                    logger.error("session %s: the mapping's deadline stays in the past", self.id)
+                    await self.clock.sleep(0.08)
+            self.mapping.on_time(self.clock.now())
+            self._carry_out()
+
+    async def _sleep_or_rearm(self, delay: float | None) -> None:
+        rearm = asyncio.ensure_future(self._rearm.wait())
+        sleeper = asyncio.ensure_future(self.clock.sleep(delay)) if delay is not None else None
+        try:
+            await asyncio.wait([t for t in (rearm, sleeper) if t is not None], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (rearm, sleeper):
+                if task is not None and not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+
+    # ---------------------------------------------------------------- client functions
+
+    async def call_client_function(self, name: str, arguments: dict) -> str:
+        """The backend LLM calls the client's function `name`: send the call, wait for the client's
+        function_call_output (the tool's timeout bounds the wait)."""
+        call_id = self.mapping.function_call(name, arguments, self.clock.now())
+        self._carry_out()
+        waiting = self._calls[call_id] = asyncio.get_running_loop().create_future()
+        answered = False
+        try:
+            output = await waiting
+            answered = True
+            return output
+        finally:
+            self._calls.pop(call_id, None)
+            self.mapping.call_ended(call_id, answered)
