@@ -65,7 +65,7 @@ def _infer_tandem(args: argparse.Namespace) -> int:
     import dataclasses
 
     from kame.audio import read_audio, write_wav
-    from kame.converse import converse
+    from kame.converse import converse_in_process
     from kame.eval.inprocess import CUSTOM, run_in_process, start_runtime
     from kame.session_events import AssistantAudio, AssistantText, SessionStats
 
@@ -76,7 +76,7 @@ def _infer_tandem(args: argparse.Namespace) -> int:
     pcm = read_audio(args.input)
     name = CUSTOM if args.llm_model is not None else args.llm
     runtime = start_runtime(args, [name], realtime=True, asr_model=args.asr_model)
-    conversation = run_in_process(runtime, lambda: converse(runtime, pcm, tail_s=args.tail))
+    conversation = run_in_process(runtime, lambda: converse_in_process(runtime, pcm, tail_s=args.tail))
     write_wav(args.output, conversation.assistant_audio)
     if args.json:
         print(json.dumps({"text": conversation.assistant_text, "output": str(args.output), "events": [

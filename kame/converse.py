@@ -2,8 +2,9 @@
 
 The audio is pushed at real-time pace (the ASR, the planner's restarts and the LLM see the
 timing a user would give them), then `tail_s` of silence while the answer is spoken; or, with
-`realtime=False`, as fast as the engine answers. `Conversation.wire()` gives what a websocket
-client would have received (`client.conversation.Conversation`'s shape), for the evaluations.
+`realtime=False`, as fast as the engine answers. Its transports' twins are `client.conversation`
+(Moshi's websocket) and `client.realtime_client` (OpenAI Realtime); `kame.eval.inprocess` gives the
+evaluations this conversation in the websocket's shape.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kame.audio import FRAME_SIZE, SAMPLE_RATE
-from kame.protocol import wire_event
 from kame.runtime import Runtime
 from kame.session import SessionConfig, TandemSession
 from kame.session_events import (
@@ -31,9 +31,12 @@ from kame.session_events import (
 
 
 @dataclass
-class Conversation:
+class InProcessConversation:
+    """Every event of a session in this process, with times in seconds since it opened."""
+
     events: list[tuple[float, SessionEvent]] = field(default_factory=list)  # (seconds since start, event)
     speech_end_s: float = 0.0  # when the question's last sample was pushed
+    frames_sent: int = 0  # the question's frames and the tail's
 
     def of(self, kind: type) -> list:
         return [e for _, e in self.events if isinstance(e, kind)]
@@ -46,16 +49,6 @@ class Conversation:
     def assistant_audio(self) -> np.ndarray:
         frames = [e.pcm for e in self.of(AssistantAudio)]
         return np.concatenate(frames) if frames else np.zeros(0, np.float32)
-
-    def wire(self) -> WireConversation:
-        """The conversation as a websocket client with ?events=1 would have received it."""
-        events, text = [], []
-        for t, event in self.events:
-            if isinstance(event, AssistantText):
-                text.append((t, event.text))
-            elif (wire := wire_event(event)) is not None:
-                events.append((t, wire.model_dump(exclude_none=True)))
-        return WireConversation(events, text, self.assistant_audio, self.speech_end_s)
 
     def lines(self) -> list[str]:
         """What happened, one readable line per transcript, oracle update and LLM phase."""
@@ -73,31 +66,15 @@ class Conversation:
         return out
 
 
-@dataclass(frozen=True)
-class WireConversation:
-    """What a websocket client would have received, with times in seconds since the session started."""
-
-    events: list[tuple[float, dict]]  # the JSON events (kame.protocol), as `model_dump(exclude_none=True)`
-    text: list[tuple[float, str]]  # the assistant's text pieces
-    assistant_audio: np.ndarray
-    input_end_s: float  # when the question's last sample was pushed
-
-    @property
-    def assistant_text(self) -> str:
-        return "".join(piece for _, piece in self.text).strip()
-
-    def events_of(self, kind: str) -> list[dict]:
-        return [e for _, e in self.events if e.get("type") == kind]
-
-
-async def converse(runtime: Runtime, pcm: np.ndarray, config: SessionConfig | None = None,
-                   tail_s: float = 4.0, realtime: bool = True, max_ahead_frames: int = 6) -> Conversation:
+async def converse_in_process(runtime: Runtime, pcm: np.ndarray, config: SessionConfig | None = None,
+                              tail_s: float = 4.0, realtime: bool = True,
+                              max_ahead_frames: int = 6) -> InProcessConversation:
     """Speak `pcm` (24 kHz mono) to a new session and collect every event: at real-time pace, or
     (`realtime=False`) as fast as the engine answers, at most `max_ahead_frames` ahead of its audio."""
     config = config or SessionConfig()
     if not realtime:  # frames sent ahead on purpose must never be skipped to keep the session live
         config = dataclasses.replace(config, realtime=False)
-    conversation = Conversation()
+    conversation = InProcessConversation()
     started = time.monotonic()
     async with await TandemSession.open(runtime, config) as session:
         pace = _Pace(started, realtime, max_ahead_frames)
@@ -109,6 +86,7 @@ async def converse(runtime: Runtime, pcm: np.ndarray, config: SessionConfig | No
         await session.flush()
         await _speak(session, silence, pace)
         await (asyncio.sleep(0.3) if realtime else pace.quiet())  # the last frames and answers come back
+        conversation.frames_sent = pace.frames_sent
     await collector
     return conversation
 
@@ -159,7 +137,7 @@ async def _speak(session: TandemSession, pcm: np.ndarray, pace: _Pace) -> None:
     await pace.wait_turn()
 
 
-async def _collect(session: TandemSession, conversation: Conversation, pace: _Pace) -> None:
+async def _collect(session: TandemSession, conversation: InProcessConversation, pace: _Pace) -> None:
     try:
         async for event in session:
             conversation.events.append((time.monotonic() - pace.started, event))

@@ -42,7 +42,8 @@ class Mode:
 
 
 class SpokenConversation(Protocol):
-    """What a source gives back for one question (`client.conversation.Conversation`'s shape)."""
+    """What a source gives back for one question: a `client.conversation.Conversation` (over the
+    websocket, or `kame.eval.inprocess.as_received` of a session in this process), or its like."""
 
     assistant_audio: np.ndarray
     events: list[tuple[float, dict]]  # (seconds since the start, the wire's JSON event)
