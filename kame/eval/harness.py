@@ -28,7 +28,6 @@ from kame.eval.mtbench import (
     markdown_report,
     parse_rating,
 )
-from kame.testing.speech import speech
 
 
 @dataclass(frozen=True)
@@ -113,6 +112,8 @@ async def evaluate(source: ConversationSource, settings: EvalSettings) -> Path:
     results = _load_results(results_path)
     done = {(r["mode"], r["question_id"]) for r in results}
     todo = [(m, q) for m in settings.modes for q in questions if (m.name, q["question_id"]) not in done]
+    from kame.testing.speech import speech  # piper (GPL, the eval extra), loaded only once a run starts
+
     judge_llm = _judge_llm(settings.judge)
     asr = build_asr("whisper", settings.asr_model, realtime=False)
     try:
