@@ -1,14 +1,12 @@
 """What the Realtime mapping asks for: wire events to send, and calls on the tandem session.
 
-The mapping (`mapping.py`) never touches a socket or a session: each of its methods returns a list
-of these, in order, and the adapter (`adapter.py`) carries them out.
+The mapping (`mapping.py`) never touches a socket or a session: it queues these, in order, and
+the adapter (`adapter.py`) carries them out.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import numpy as np
 
 from kame.tools.base import ToolSpec
 
@@ -23,10 +21,12 @@ class Send:
 
 
 @dataclass(frozen=True)
-class PushAudio:
-    """The front-end hears this (the client's audio, or silence fed in real time)."""
+class SessionCall:
+    """A plain call on the TandemSession: `push_pcm` (the client's audio, or silence fed in real
+    time), `configure`, `set_oracle_delay`, `add_user_text`, `truncate_assistant`."""
 
-    pcm: np.ndarray  # float32 at 24 kHz
+    method: str
+    args: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -38,43 +38,18 @@ class Flush:
 
 
 @dataclass(frozen=True)
-class Configure:
-    """Switch the backend profile and/or the system prompt (None: unchanged)."""
-
-    backend: str | None
-    system_prompt: str | None
-
-
-@dataclass(frozen=True)
-class SetOracleDelay:
-    seconds: float
-
-
-@dataclass(frozen=True)
 class SetClientTools:
     """The client's function tools, replacing those it declared before; each call waits at most
-    `timeout_s` for the client's output."""
+    `timeout_s` for the client's output, which comes as an AnswerCall."""
 
     specs: tuple[ToolSpec, ...]
     timeout_s: float
 
 
 @dataclass(frozen=True)
-class AddUserText:
-    text: str
-
-
-@dataclass(frozen=True)
-class TruncateAssistant:
-    """Only `heard` of the assistant's words `said` reached the user."""
-
-    said: str
-    heard: str
-
-
-@dataclass(frozen=True)
 class AnswerCall:
-    """The client's output for function call `call_id`: the LLM waiting on it gets it."""
+    """The client's output for a function call: the LLM that waits on `call_id` gets `output`
+    (the call goes out as a response of its own, `mapping.function_call`)."""
 
     call_id: str
     output: str
@@ -82,10 +57,7 @@ class AnswerCall:
 
 @dataclass(frozen=True)
 class End:
-    """The session cannot go on (after the error event before it)."""
-
-    reason: str
+    reason: str  # the session cannot go on (after the error event before this)
 
 
-Action = Send | PushAudio | Flush | Configure | SetOracleDelay | SetClientTools | AddUserText | TruncateAssistant \
-    | AnswerCall | End
+Action = Send | SessionCall | Flush | SetClientTools | AnswerCall | End

@@ -115,20 +115,12 @@ class RealtimeSession(SocketSession):
                     if self._recorder is not None and not droppable:
                         self._recorder.write_event({"realtime": event})
                     self._send.put(json.dumps(event), droppable=droppable)
-                case act.PushAudio(pcm=pcm):
-                    tandem.push_pcm(pcm)
+                case act.SessionCall(method=method, args=args):
+                    getattr(tandem, method)(*args)
                 case act.Flush(token=token):
                     self._spawn(self._flush(token), "flush")
-                case act.Configure(backend=backend, system_prompt=prompt):
-                    tandem.configure(backend=backend, system_prompt=prompt)
-                case act.SetOracleDelay(seconds=seconds):
-                    tandem.set_oracle_delay(seconds)
                 case act.SetClientTools(specs=specs, timeout_s=timeout_s):
                     self._set_tools(tandem, specs, timeout_s)
-                case act.AddUserText(text=text):
-                    tandem.add_user_text(text)
-                case act.TruncateAssistant(said=said, heard=heard):
-                    tandem.truncate_assistant(said, heard)
                 case act.AnswerCall(call_id=call_id, output=output):
                     waiting = self._calls.get(call_id)
                     if waiting is not None and not waiting.done():
