@@ -1,7 +1,7 @@
 """What a process loads once and shares between its sessions: the front-end and its batched engine
 on the engine thread, the ASR engine, the LLM clients of the backend profiles (each behind a
 circuit breaker), the configured tools (MCP servers connected) and the knowledge base (indexed).
-Built from a plain `RuntimeSettings`; transports build that from their config.
+Built from a plain `RuntimeSettings`, where the defaults are; transports build that from their config.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from kame.backend.profiles import DEFAULT_PROFILES, BackendProfile
 from kame.errors import FrontendLoadError
 from kame.frontend.engine import BatchedEngine, NullEngine
 from kame.frontend.loader import Frontend, check_quantize, load_frontend, resolve_device
-from kame.frontend.runner import EngineRunner
+from kame.frontend.runner import BATCH_WINDOW_S, JITTER_FRAMES, MAX_PENDING_FRAMES, EngineRunner
 from kame.frontend.step_policy import EngineClock
 from kame.tools.base import Tool
 from kame.tools.config import ToolConfig
@@ -60,9 +60,9 @@ class RuntimeSettings:
     # auto: eager on a CPU, tick on a GPU (docs/benchmarks.md, "The frame clock"); tick: one batched step
     # per 80 ms for every session; eager: a step as soon as a frame arrives
     engine_clock: Literal["auto", "tick", "eager"] = "auto"
-    jitter_frames: int = 3  # input frames a live session may hold at a step before it skips to live (either clock)
-    batch_window_s: float = 0.02  # eager clock: how long a ready session waits for the others
-    max_pending_frames: int = 25  # hard cap of a session's input queue
+    jitter_frames: int = JITTER_FRAMES  # input frames a live session may hold at a step before skipping to live
+    batch_window_s: float = BATCH_WINDOW_S  # eager clock: how long a ready session waits for the others
+    max_pending_frames: int = MAX_PENDING_FRAMES  # hard cap of a session's input queue
     engine_threads: int | None = None  # torch threads of the engine thread; None: 1 on a CPU
     breaker_failures: int = 5  # LLM failures in a row (per profile) that open its circuit ...
     breaker_cooldown_s: float = 30.0  # ... for this long

@@ -1,7 +1,9 @@
-"""Server settings: defaults < config file (TOML) < KAME_* env vars < CLI flags, validated once."""
+"""Server settings: defaults < config file (TOML) < KAME_* env vars < CLI flags, validated once. The defaults
+are the library's (its frozen dataclasses: RuntimeSettings, PlannerConfig, ...), read from there."""
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 import tomllib
@@ -11,7 +13,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from kame.backend.planner import DEFAULT_SYSTEM_PROMPT, PlannerConfig
+from kame.asr.kyutai_stt import SttOptions
+from kame.asr.whisper import WhisperOptions
+from kame.backend.planner import PlannerConfig
 from kame.backend.profiles import DEFAULT_PROFILES, BackendProfile
 from kame.errors import KameError
 from kame.runtime import KnowledgeOptions, RuntimeSettings
@@ -38,28 +42,28 @@ class ProfileSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     base_url: str | None = None
     model: str
-    api_key_env: str | None = "OPENAI_API_KEY"
-    connect_timeout_s: float = Field(3.0, gt=0)
-    first_token_timeout_s: float = Field(5.0, gt=0)
-    token_timeout_s: float = Field(3.0, gt=0)
-    max_tokens: int = Field(120, gt=0)
-    temperature: float = Field(0.3, ge=0, le=2)
-    kind: Literal["openai", "embedded"] = "openai"  # embedded: `model` is a .gguf file or model directory
-    tools: bool = True  # offer the session's tools (false for an endpoint that refuses the `tools` field)
+    api_key_env: str | None = BackendProfile.api_key_env
+    connect_timeout_s: float = Field(BackendProfile.connect_timeout_s, gt=0)
+    first_token_timeout_s: float = Field(BackendProfile.first_token_timeout_s, gt=0)
+    token_timeout_s: float = Field(BackendProfile.token_timeout_s, gt=0)
+    max_tokens: int = Field(BackendProfile.max_tokens, gt=0)
+    temperature: float = Field(BackendProfile.temperature, ge=0, le=2)
+    kind: Literal["openai", "embedded"] = BackendProfile.kind  # embedded: `model` is a .gguf file or model directory
+    tools: bool = BackendProfile.tools
 
 
 class PlannerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    min_new_words: int = Field(2, ge=1)
-    restart_on_final: bool = True
-    max_restarts: int = Field(5, ge=1)
-    restart_window_s: float = Field(2.0, gt=0)
-    backoff_initial_s: float = Field(0.5, ge=0)
-    backoff_max_s: float = Field(10.0, ge=0)
-    max_concurrent_streams: int = Field(4, ge=1)  # LLM streams that may run at once; the newest that speaks wins
-    keep_agreeing_oracle: bool = True  # a newer answer that repeats the oracle extends it instead of restarting it
-    max_history_turns: int = Field(20, ge=1, le=1000)  # conversation turns kept in the LLM's prompt
-    max_tool_rounds: int = Field(3, ge=1, le=10)  # tool-call rounds per LLM attempt (then it must answer)
+    min_new_words: int = Field(PlannerConfig.min_new_words, ge=1)
+    restart_on_final: bool = PlannerConfig.restart_on_final
+    max_restarts: int = Field(PlannerConfig.max_restarts, ge=1)
+    restart_window_s: float = Field(PlannerConfig.restart_window_s, gt=0)
+    backoff_initial_s: float = Field(PlannerConfig.backoff_initial_s, ge=0)
+    backoff_max_s: float = Field(PlannerConfig.backoff_max_s, ge=0)
+    max_concurrent_streams: int = Field(PlannerConfig.max_concurrent_streams, ge=1)
+    keep_agreeing_oracle: bool = PlannerConfig.keep_agreeing_oracle
+    max_history_turns: int = Field(PlannerConfig.max_history_turns, ge=1, le=1000)
+    max_tool_rounds: int = Field(PlannerConfig.max_tool_rounds, ge=1, le=10)
 
 
 class KnowledgeSettings(BaseModel):
@@ -67,21 +71,21 @@ class KnowledgeSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     dir: Path | None = None  # None: no knowledge base
-    index_path: Path | None = None  # keep the index in this SQLite file between runs; None: in memory
-    limit: int = Field(4, ge=1, le=50)  # passages per LLM attempt ...
-    budget_tokens: int = Field(400, ge=50, le=8000)  # ... within about this many tokens of the system message
-    watch_interval_s: float = Field(5.0, ge=0)  # re-index changed files this often; 0: only on SIGHUP
-    tool: bool = True  # also offer the `search_knowledge` tool to models that call tools
+    index_path: Path | None = KnowledgeOptions.index_path  # keep the index in this SQLite file; None: in memory
+    limit: int = Field(PlannerConfig.knowledge_limit, ge=1, le=50)
+    budget_tokens: int = Field(PlannerConfig.knowledge_budget_tokens, ge=50, le=8000)
+    watch_interval_s: float = Field(KnowledgeOptions.watch_interval_s, ge=0)  # 0: re-index on SIGHUP only
+    tool: bool = KnowledgeOptions.tool
 
 
 class WhisperSettings(BaseModel):
     """[whisper]: the whisper ASR's streaming (kame.asr.whisper.WhisperOptions)."""
 
     model_config = ConfigDict(extra="forbid")
-    decode_interval_s: float = Field(0.5, gt=0, le=5)  # re-decode the utterance after this much new audio
-    vad_threshold: float = Field(0.5, gt=0, lt=1)  # Silero speech probability that counts as speech
-    min_silence_s: float = Field(0.6, gt=0, le=5)  # silence that ends an utterance
-    max_utterance_s: float = Field(20.0, gt=1, le=30)  # an utterance is finalised at this length
+    decode_interval_s: float = Field(WhisperOptions.decode_interval_s, gt=0, le=5)
+    vad_threshold: float = Field(WhisperOptions.vad_threshold, gt=0, lt=1)
+    min_silence_s: float = Field(WhisperOptions.min_silence_s, gt=0, le=5)
+    max_utterance_s: float = Field(WhisperOptions.max_utterance_s, gt=1, le=30)
 
 
 class RealtimeSettings(BaseModel):
@@ -99,11 +103,10 @@ class KyutaiSttSettings(BaseModel):
     """[kyutai_stt]: Kyutai's STT (kame.asr.kyutai_stt.SttOptions)."""
 
     model_config = ConfigDict(extra="forbid")
-    eot_head: int = Field(2, ge=0)  # which extra head predicts the end of a turn (Kyutai's STT 1B: 2)
-    eot_threshold: float = Field(0.5, gt=0, lt=1)  # end-of-turn probability that ends an utterance
-    # a checkpoint without that head: a pause this long ends the turn
-    min_silence_s: float = Field(0.6, gt=0, le=5)
-    vad_threshold: float = Field(0.5, gt=0, lt=1)  # Silero speech probability that counts as speech
+    eot_head: int = Field(SttOptions.eot_head, ge=0)
+    eot_threshold: float = Field(SttOptions.eot_threshold, gt=0, lt=1)
+    min_silence_s: float = Field(SttOptions.min_silence_s, gt=0, le=5)
+    vad_threshold: float = Field(SttOptions.vad_threshold, gt=0, lt=1)
 
 
 class ServerSettings(BaseSettings):
@@ -111,17 +114,17 @@ class ServerSettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(8998, ge=0, le=65535)
-    frontend: str | None = None  # None: SakanaAI/kame with a GPU, else the offline demo tiny-copy
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    frontend: str | None = RuntimeSettings.frontend
+    device: Literal["auto", "cpu", "cuda"] = RuntimeSettings.device
     quantize: Literal["none", "int8"] = "none"  # int8: the front-end LM in int8 weights (CUDA, bitsandbytes)
-    max_sessions: int | None = Field(None, ge=1, le=512)  # None: 4 on a CPU, 32 on a GPU
-    asr: Literal["whisper", "kyutai-stt", "none"] | None = None  # None: kyutai-stt with a GPU, else whisper
-    asr_model: str | None = None
+    max_sessions: int | None = Field(RuntimeSettings.max_sessions, ge=1, le=512)
+    asr: Literal["whisper", "kyutai-stt", "none"] | None = RuntimeSettings.asr
+    asr_model: str | None = RuntimeSettings.asr_model
     llm: str | None = None  # a session's default backend profile; None: openai if OPENAI_API_KEY is set, else embedded
     llm_base_url: str | None = None  # with llm_model: an ad-hoc profile named "custom", made the default
     llm_model: str | None = None
     llm_api_key_env: str = "OPENAI_API_KEY"
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    system_prompt: str = PlannerConfig.system_prompt
     profiles: dict[str, ProfileSettings] = Field(default_factory=dict)  # added to / replacing the built-ins
     planner: PlannerSettings = Field(default_factory=PlannerSettings)
     whisper: WhisperSettings = Field(default_factory=WhisperSettings)
@@ -130,16 +133,14 @@ class ServerSettings(BaseSettings):
     tools: dict[str, ToolConfig] = Field(default_factory=dict)  # [tools.NAME]; none: the LLM is offered no tools
     knowledge: KnowledgeSettings = Field(default_factory=KnowledgeSettings)
     replica: str | None = Field(None, exclude=True)  # set by `kame serve --ray` in each replica: its stable id
-    # auto: eager on a CPU, tick on a GPU; tick: one batched step per 80 ms frame for every session;
-    # eager: a step as soon as a frame arrives (docs/architecture.md, "The frame clock")
-    engine_clock: Literal["auto", "tick", "eager"] = "auto"
-    jitter_frames: int = Field(3, ge=0)  # input frames a live session may hold at a step before it skips to live
-    batch_window_ms: float = Field(20.0, ge=0, le=80)  # eager clock: how long a ready session waits for the others
-    engine_threads: int | None = Field(None, ge=1)  # torch threads of the engine thread; None: 1 on CPU
-    max_pending_frames: int = Field(25, ge=1)  # hard cap of a session's input frame queue (oldest dropped)
+    engine_clock: Literal["auto", "tick", "eager"] = RuntimeSettings.engine_clock
+    jitter_frames: int = Field(RuntimeSettings.jitter_frames, ge=0)
+    batch_window_ms: float = Field(RuntimeSettings.batch_window_s * 1000, ge=0, le=80)
+    engine_threads: int | None = Field(RuntimeSettings.engine_threads, ge=1)
+    max_pending_frames: int = Field(RuntimeSettings.max_pending_frames, ge=1)
     # processes for the sessions' Opus (server/codec_process.py); None: one per 32 engine slots
     codec_processes: int | None = Field(None, ge=1)
-    send_queue_messages: int = Field(64, ge=4)  # output messages buffered per session (oldest audio dropped)
+    send_queue_messages: int = Field(SessionConfig.output_frames, ge=4)
     max_message_bytes: int = Field(1 << 20, ge=1024)
     stats_interval_s: float = Field(1.0, gt=0)  # how often a session gets a stats event
     # access and limits (docs/security.md)
@@ -151,9 +152,9 @@ class ServerSettings(BaseSettings):
     max_connections_per_ip: int = Field(8, ge=1)
     max_messages_per_s: float = Field(200.0, gt=0)  # a client sending more for 5 s in a row is closed
     send_timeout_s: float = Field(10.0, gt=0)  # a client that does not read for this long is closed
-    asr_stall_s: float = Field(10.0, gt=0)  # ASR this far behind: the session goes on without it
-    breaker_failures: int = Field(5, ge=1)  # LLM failures in a row (per profile) that open its circuit ...
-    breaker_cooldown_s: float = Field(30.0, gt=0)  # ... for this long
+    asr_stall_s: float = Field(SessionConfig.asr_stall_s, gt=0)
+    breaker_failures: int = Field(RuntimeSettings.breaker_failures, ge=1)
+    breaker_cooldown_s: float = Field(RuntimeSettings.breaker_cooldown_s, gt=0)
     shutdown_timeout_s: float = Field(10.0, ge=0)  # on SIGTERM, sessions get this long to finish
     record_dir: Path | None = None  # keep every session's audio and events here (privacy: off by default)
 
@@ -215,16 +216,13 @@ class ServerSettings(BaseSettings):
         return KnowledgeOptions(k.dir, k.index_path, k.watch_interval_s or None, k.tool)
 
     def runtime_settings(self) -> RuntimeSettings:
-        """The library runtime's part of the settings."""
-        return RuntimeSettings(
-            frontend=self.frontend, device=self.device, quantize=None if self.quantize == "none" else self.quantize,
-            max_sessions=self.max_sessions, asr=self.asr,
-            asr_model=self.asr_model, asr_options=self.asr_options(), profiles=self.all_profiles(),
-            default_profile=self.default_profile,
-            planner=self.planner_config(), engine_clock=self.engine_clock, jitter_frames=self.jitter_frames,
-            batch_window_s=self.batch_window_ms / 1000, max_pending_frames=self.max_pending_frames,
-            engine_threads=self.engine_threads, breaker_failures=self.breaker_failures,
-            breaker_cooldown_s=self.breaker_cooldown_s, tools=dict(self.tools), knowledge=self.knowledge_options())
+        """The library runtime's part of the settings: its fields of the same name, and these converted."""
+        same = {f.name: getattr(self, f.name) for f in dataclasses.fields(RuntimeSettings)
+                if f.name in type(self).model_fields}
+        return RuntimeSettings(**same | dict(
+            quantize=None if self.quantize == "none" else self.quantize, asr_options=self.asr_options(),
+            profiles=self.all_profiles(), default_profile=self.default_profile, planner=self.planner_config(),
+            batch_window_s=self.batch_window_ms / 1000, tools=dict(self.tools), knowledge=self.knowledge_options()))
 
     def asr_options(self) -> dict[str, dict]:
         """Each ASR engine's own settings, by engine name."""

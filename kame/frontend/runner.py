@@ -45,6 +45,8 @@ from kame.frontend.step_policy import EngineClock, make_policy
 logger = logging.getLogger(__name__)
 
 OVERRUN_LOG_INTERVAL_S = 60.0  # an overloaded engine warns at most this often
+# the defaults of the runner and so of kame.runtime.RuntimeSettings (and the server's settings)
+BATCH_WINDOW_S, MAX_PENDING_FRAMES, JITTER_FRAMES = 0.02, 25, 3
 
 
 class TimeSource(Protocol):
@@ -71,10 +73,10 @@ class EngineRunner:
     `accept_frame`, `accept_oracle`, `count_stale` and `release_slot` are what its `SlotHandle`s call
     (`SlotOwner`); sessions use the handles."""
 
-    def __init__(self, engine: BatchedEngine, batch_window_s: float = 0.02, max_pending_frames: int = 25,
-                 on_step: Callable[[float, int], None] | None = None, torch_threads: int | None = None, *,
-                 clock: EngineClock = "tick", frame_s: float = FRAME_S, jitter_frames: int | None = 3,
-                 time_source: TimeSource | None = None) -> None:
+    def __init__(self, engine: BatchedEngine, batch_window_s: float = BATCH_WINDOW_S,
+                 max_pending_frames: int = MAX_PENDING_FRAMES, on_step: Callable[[float, int], None] | None = None,
+                 torch_threads: int | None = None, *, clock: EngineClock = "tick", frame_s: float = FRAME_S,
+                 jitter_frames: int | None = JITTER_FRAMES, time_source: TimeSource | None = None) -> None:
         # tick: one step per frame_s for all slots; eager: step when a frame arrives (batch_window_s)
         self.policy = make_policy(clock, frame_s, batch_window_s)
         if frame_s <= 0 or (jitter_frames is not None and jitter_frames < 0) or max_pending_frames < 1:
