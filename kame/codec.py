@@ -82,3 +82,12 @@ class FrameSplitter:
         frames = [self._buffer[i * self.frame_size:(i + 1) * self.frame_size] for i in range(count)]
         self._buffer = self._buffer[count * self.frame_size:]
         return frames
+
+    @property
+    def buffered(self) -> int:
+        """Samples waiting for the rest of their frame."""
+        return len(self._buffer)
+
+    def padding(self) -> np.ndarray:
+        """The silence that completes the waiting frame (none when no sample waits)."""
+        return np.zeros(-self.buffered % self.frame_size, dtype=np.float32)

@@ -11,80 +11,50 @@ Observers (metrics, a recorder) see every event as it happens, whatever the read
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import dataclasses
 import logging
-import statistics
-import time
 import uuid
-from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
 from kame.asr import NoAsr
-from kame.asr.events import AsrFailure, FinalTranscript
-from kame.audio import FRAME_SIZE, SAMPLE_RATE
-from kame.backend.planner import Planner, PlannerEvent
+from kame.asr.events import FinalTranscript
+from kame.asr.feed import AsrFeed
+from kame.backend.planner import Planner
+from kame.clock import Clock, MonotonicClock
 from kame.codec import FrameSplitter
 from kame.errors import EngineError, SessionError, SlotsBusy
 from kame.frontend.engine import FrameOutput
-from kame.frontend.oracle import OracleOp, OracleUpdate, PieceDecoder
-from kame.queues import DropOldestQueue, post
+from kame.frontend.oracle import OracleUpdate, PieceDecoder
+from kame.latency import LatencyTracker
+from kame.queues import post
 from kame.runtime import Runtime
+from kame.session_config import SessionConfig
 from kame.session_events import (
     AsrFailed,
     AssistantAudio,
     AssistantText,
     BackendChanged,
-    FramesSkipped,
-    LLMAttempt,
     OracleApplied,
-    OracleLead,
     SessionEvent,
     SessionFailed,
-    SessionStats,
     Transcript,
 )
+from kame.session_outlet import EventOutlet
 from kame.tools.base import Tool
 from kame.tools.toolbox import ToolBox
 
 logger = logging.getLogger(__name__)
 
-_END = object()
-
-
-@dataclass(frozen=True)
-class SessionConfig:
-    """How one session runs; the runtime's `session` settings are the defaults."""
-
-    backend: str | None = None  # LLM backend profile; None: the runtime's default
-    system_prompt: str | None = None  # None: the planner's configured prompt
-    asr: bool = True  # False: no transcripts, no oracle: the front-end alone (plain Moshi)
-    oracle_delay_s: float = 0.0  # hold every oracle update back this long (latency experiments)
-    realtime: bool = True  # False: audio comes faster than real time on purpose (files): never skipped to live
-    output_frames: int = 64  # events buffered for a slow reader; beyond it the oldest audio frame goes
-    stats_interval_s: float | None = None  # a SessionStats event this often; None: never
-    asr_stall_s: float = 10.0  # the ASR this far behind: go on without it
-    sampling: Mapping[str, float | int | str] = dataclasses.field(default_factory=dict)  # over the checkpoint's
-
-
-class SessionObserver(Protocol):
-    """Sees the user's audio and every event when it happens (metrics, recording)."""
-
-    def on_input(self, pcm: np.ndarray) -> None: ...
-
-    def on_event(self, event: SessionEvent) -> None: ...
-
 
 class TandemSession:
     """One conversation. Open with `await TandemSession.open(...)`, end with `aclose()`."""
 
-    def __init__(self, runtime: Runtime, config: SessionConfig, observers=(), session_id: str | None = None) -> None:
+    def __init__(self, runtime: Runtime, config: SessionConfig, observers=(), session_id: str | None = None,
+                 clock: Clock | None = None) -> None:
         self.runtime, self.config = runtime, config
+        self.clock = clock or MonotonicClock()  # timers, latency and the oracle lead read it
         self.id = session_id or uuid.uuid4().hex[:12]
         self.backend = config.backend or runtime.default_profile
         if self.backend not in runtime.profiles:
@@ -93,27 +63,17 @@ class TandemSession:
             self.sampling = runtime.engine.sampler.default.updated(config.sampling)
         except ValueError as exc:
             raise SessionError(str(exc)) from exc
-        self._observers = list(observers)
         self._loop = asyncio.get_running_loop()
         self._outputs: asyncio.Queue[FrameOutput | BaseException] = asyncio.Queue()
-        self._events: DropOldestQueue = DropOldestQueue(config.output_frames)
+        self._events = EventOutlet(observers, config.output_frames, self.id)
         self._splitter = FrameSplitter()
         self._pieces = PieceDecoder(runtime.frontend.tokenizer) if runtime.frontend.tokenizer else None
-        self._pushed_at: deque[float] = deque()
-        self._latencies: deque[float] = deque(maxlen=100)
-        self._audio_wall: deque[tuple[float, float]] = deque(maxlen=4000)  # (audio end s, wall time received)
-        self._samples_in = 0
-        self.frames_in = self.frames_out = self._dropped_seen = 0
-        self._reset_applied_at: dict[int, float] = {}
-        self._speech_end: float | None = None  # wall time the last final's audio arrived
-        self._lead_pending: int | None = None  # the oracle epoch whose application gives the lead
-        self._answer_after_epoch: int | None = None  # after a final: streams newer than this answer it
-        self._timers: set[asyncio.TimerHandle] = set()
-        self._asr_ok = config.asr
+        self._timing = LatencyTracker(self.clock)
+        self.frames_in = self.frames_out = 0
         self._closed = False
         self.handle = None
         self.planner: Planner | None = None
-        self._asr = None
+        self._asr: AsrFeed | None = None
         self._main: asyncio.Task | None = None
         self._group: asyncio.TaskGroup | None = None
 
@@ -121,10 +81,11 @@ class TandemSession:
 
     @classmethod
     async def open(cls, runtime: Runtime, config: SessionConfig | None = None, observers=(),
-                   session_id: str | None = None) -> TandemSession:
-        """Take an engine slot (SlotsBusy when none is free) and start listening."""
+                   session_id: str | None = None, clock: Clock | None = None) -> TandemSession:
+        """Take an engine slot (SlotsBusy when none is free) and start listening; `clock`: the
+        session's time (the real monotonic one by default, a ManualClock in tests)."""
         config = config or SessionConfig()
-        session = cls(runtime, config, observers, session_id)
+        session = cls(runtime, config, observers, session_id, clock)
         if runtime.runner.free_slots <= 0:
             raise SlotsBusy(f"all {runtime.engine.batch_size} session slots are busy; try again later")
         session.handle = await runtime.runner.acquire_async(session._on_output_threadsafe,
@@ -139,13 +100,14 @@ class TandemSession:
 
     def _start(self) -> None:
         runtime = self.runtime
-        self._asr = runtime.asr.open_stream() if self.config.asr else NoAsr().open_stream()
+        stream = runtime.asr.open_stream() if self.config.asr else NoAsr().open_stream()
+        self._asr = AsrFeed(stream, self.clock, self.config.asr_stall_s, self._asr_failed, enabled=self.config.asr)
         planner_config = runtime.planner
         if self.config.system_prompt is not None:
             planner_config = dataclasses.replace(planner_config, system_prompt=self.config.system_prompt)
         tools = ToolBox.of(runtime.session_tools(), spawn=self._spawn)
         self.planner = Planner(runtime.llm(self.backend), runtime.frontend.tokenizer, self._send_oracle,
-                               self._on_planner_event, planner_config, spawn=self._spawn, tools=tools,
+                               self._emit, planner_config, self.clock, spawn=self._spawn, tools=tools,
                                knowledge=runtime.knowledge)
         self._main = self._loop.create_task(self._run(), name=f"session-{self.id}")
         logger.info("session %s started (slot %d, generation %d, backend %s)", self.id, self.handle.slot,
@@ -164,7 +126,7 @@ class TandemSession:
                 self._group = tasks
                 tasks.create_task(self._engine_events(), name=f"session-{self.id}-engine")
                 tasks.create_task(self._asr_events(), name=f"session-{self.id}-asr")
-                tasks.create_task(self._watch_asr(), name=f"session-{self.id}-asr-watch")
+                tasks.create_task(self._asr.watch(), name=f"session-{self.id}-asr-watch")
                 if self.config.stats_interval_s:
                     tasks.create_task(self._stats(), name=f"session-{self.id}-stats")
         except* _SlotFailed as group:
@@ -175,15 +137,13 @@ class TandemSession:
             self._emit(SessionFailed("internal", "internal error"))
         finally:
             self._group = None
-            self._events.put(_END)
+            self._events.end()
 
     async def aclose(self) -> None:
         """End the session: LLM streams and ASR first, then the slot goes back, clean."""
         if self._closed:
             return
         self._closed = True
-        for timer in self._timers:
-            timer.cancel()
         try:
             if self._main is not None:  # nothing is consumed any more: no transcript reaches the planner
                 self._main.cancel()
@@ -194,7 +154,7 @@ class TandemSession:
                 await self._asr.aclose()
         finally:  # even when this close is itself cancelled: the slot must go back
             released = self.handle.release() if self.handle is not None else None
-            self._events.put(_END)
+            self._events.end()
         if released is not None:
             with contextlib.suppress(EngineError):  # a runner that stopped has no slot to give back
                 await asyncio.wrap_future(released)
@@ -221,14 +181,11 @@ class TandemSession:
             return
         if not np.isfinite(pcm).all():
             raise SessionError("audio holds NaN or infinite samples")
-        now = time.monotonic()
-        self._samples_in += len(pcm)
-        self._audio_wall.append((self._samples_in / SAMPLE_RATE, now))
-        self._observe("on_input", pcm)
-        if self._asr_ok:
-            self._asr.push_pcm(pcm)
-        for frame in self._splitter.push(pcm):
-            self._pushed_at.append(now)
+        self._events.heard(pcm)
+        self._asr.push_pcm(pcm)
+        frames = self._splitter.push(pcm)
+        self._timing.audio_in(len(pcm), len(frames))
+        for frame in frames:
             self.handle.push_frame(frame)
             self.frames_in += 1
 
@@ -236,11 +193,8 @@ class TandemSession:
         """The user stopped sending: complete the last frame with silence, finish the utterance."""
         if self._closed:
             return
-        rest = len(self._splitter._buffer)
-        if rest:
-            self.push_pcm(np.zeros(FRAME_SIZE - rest, dtype=np.float32))
-        if self._asr_ok:
-            await self._asr.flush()
+        self.push_pcm(self._splitter.padding())
+        await self._asr.flush()
 
     def add_user_text(self, text: str) -> None:
         """A user message typed rather than spoken: the LLM sees it, and answers it through the
@@ -250,9 +204,8 @@ class TandemSession:
         text = " ".join(str(text).split())
         if not text:
             raise SessionError("an empty user message")
-        audio_s = self._samples_in / SAMPLE_RATE
-        # the oracle lead of its answer counts from now, the end of the user's input
-        self._speech_end, self._answer_after_epoch = time.monotonic(), self.planner.epoch
+        audio_s = self._timing.audio_s
+        self._timing.user_stopped()  # the oracle lead of its answer counts from now, the end of the user's input
         self.planner.on_transcript(FinalTranscript(text, audio_s, audio_s))
 
     def truncate_assistant(self, said: str, heard: str) -> bool:
@@ -294,24 +247,16 @@ class TandemSession:
 
     async def __anext__(self) -> SessionEvent:
         event = await self._events.get()
-        if event is _END:
-            self._events.put(_END)  # every later reader ends too
+        if event is None:
             raise StopAsyncIteration
         return event
 
     def _emit(self, event: SessionEvent) -> None:
-        self._observe("on_event", event)
-        self._events.put(event, droppable=isinstance(event, AssistantAudio))
-
-    def _observe(self, method: str, value: object) -> None:
-        """Tell every observer; a failing one (metrics, a recorder) is logged and dropped, the
-        conversation goes on."""
-        for observer in list(self._observers):
-            try:
-                getattr(observer, method)(value)
-            except Exception:
-                logger.exception("session %s: observer %r failed; it is dropped", self.id, observer)
-                self._observers.remove(observer)
+        """Pass an event on (the planner's too): observers, the reader, then the timing it settles."""
+        self._events.put(event)
+        lead = self._timing.on_event(event)
+        if lead is not None:
+            self._emit(lead)
 
     @property
     def dropped_events(self) -> int:
@@ -333,115 +278,48 @@ class TandemSession:
             if isinstance(output, BaseException):
                 raise _SlotFailed from output
             self.frames_out += 1
-            self._emit(AssistantAudio(output.frame, output.pcm, output.audio_ready, self._latency()))
+            latency, skipped = self._timing.frame_out(self.handle.dropped_frames)
+            if skipped is not None:
+                self._emit(skipped)
+            self._emit(AssistantAudio(output.frame, output.pcm, output.audio_ready, latency))
             if output.text_token is not None and self._pieces is not None:
                 piece = self._pieces.push(output.text_token)
                 if piece:
                     self.planner.on_assistant_text(piece)
                     self._emit(AssistantText(output.frame, piece))
             for applied in output.applied:
-                self._on_applied(applied)
-
-    def _latency(self) -> float | None:
-        dropped = self.handle.dropped_frames
-        if dropped > self._dropped_seen:
-            for _ in range(dropped - self._dropped_seen):  # frames skipped to stay live never come out
-                if self._pushed_at:
-                    self._pushed_at.popleft()
-            self._emit(FramesSkipped(dropped - self._dropped_seen))
-            self._dropped_seen = dropped
-        if not self._pushed_at:
-            return None
-        latency = time.monotonic() - self._pushed_at.popleft()
-        self._latencies.append(latency)
-        return latency
-
-    def _on_applied(self, applied) -> None:
-        update = applied.update
-        if update.op is OracleOp.RESET:
-            self._reset_applied_at[update.epoch] = time.monotonic()
-            if len(self._reset_applied_at) > 64:  # only recent oracles can be an answer's
-                del self._reset_applied_at[min(self._reset_applied_at)]
-        self._emit(OracleApplied(update.op.value, update.epoch, update.text,
-                                 len(update.tokens), applied.frame, applied.accepted, applied.late_tokens))
-        if update.op is OracleOp.RESET and update.epoch == self._lead_pending:
-            self._emit_lead(update.epoch)
+                update = applied.update
+                self._emit(OracleApplied(update.op.value, update.epoch, update.text, len(update.tokens),
+                                         applied.frame, applied.accepted, applied.late_tokens))
 
     async def _asr_events(self) -> None:
-        async for event in self._asr:
-            if not self._asr_ok:
-                return  # given up on (stalled): its late transcripts would only mislead the planner
-            if isinstance(event, AsrFailure):
-                self._asr_failed(f"the ASR failed ({event.message}); going on without oracle updates")
-                return
+        async for event in self._asr.transcripts():
             final = isinstance(event, FinalTranscript)
-            lag = self._lag(event.end_s)
-            if final:  # the answer to this utterance comes from a stream started from now on
-                self._speech_end, self._answer_after_epoch = time.monotonic() - lag, self.planner.epoch
+            lag = self._timing.lag(event.end_s)  # a final's: the answer comes from a stream started from now on
             self._emit(Transcript(final, event.text, round(event.start_s, 3), round(event.end_s, 3), lag))
             self.planner.on_transcript(event)
 
     def _asr_failed(self, message: str) -> None:
-        if self._asr_ok:
-            self._asr_ok = False
-            logger.warning("session %s: %s", self.id, message)
-            self._emit(AsrFailed(message))
-
-    async def _watch_asr(self) -> None:
-        while self._asr_ok:
-            await asyncio.sleep(1.0)
-            lag = getattr(self._asr, "stalled_for_s", lambda: 0.0)()
-            if lag > self.config.asr_stall_s:
-                self._asr_failed(f"the ASR is {lag:.0f} s behind; going on without transcripts (plain Moshi)")
-                await self._asr.aclose()  # its backlog is not worked through on a shared CPU
-
-    def _lag(self, audio_s: float) -> float:
-        """Wall time since the audio up to `audio_s` was received."""
-        index = bisect.bisect_left(self._audio_wall, (audio_s, 0.0))
-        received = self._audio_wall[min(index, len(self._audio_wall) - 1)][1] if self._audio_wall else time.monotonic()
-        return max(0.0, time.monotonic() - received)
+        logger.warning("session %s: %s", self.id, message)
+        self._emit(AsrFailed(message))
 
     async def _stats(self) -> None:
         while True:
-            await asyncio.sleep(self.config.stats_interval_s)
-            latency = statistics.median(self._latencies) * 1000 if self._latencies else None
-            self._emit(SessionStats(self.frames_in, self.frames_out, self._dropped_seen + self._events.dropped,
-                                    None if latency is None else round(latency, 2)))
+            await self.clock.sleep(self.config.stats_interval_s)
+            self._emit(self._timing.stats(self.frames_in, self.frames_out, self._events.dropped))
 
     # ---------------------------------------------------------------- planner -> engine
 
     def _send_oracle(self, update: OracleUpdate) -> None:
-        if self.config.oracle_delay_s > 0:
-            timer = self._loop.call_later(self.config.oracle_delay_s, self._push_late, update)
-            self._timers.add(timer)
+        delay = self.config.oracle_delay_s
+        if delay > 0 and self._group is not None:
+            self._spawn(self._push_late(update, delay), f"oracle-{update.epoch}-delayed")
         else:
             self.handle.push_oracle(update)
 
-    def _push_late(self, update: OracleUpdate) -> None:
-        self._timers = {t for t in self._timers if not t.cancelled() and t.when() > self._loop.time()}
+    async def _push_late(self, update: OracleUpdate, delay_s: float) -> None:
+        await self.clock.sleep(delay_s)  # updates sent in order wake in order: an append never passes its reset
         self.handle.push_oracle(update)  # a released handle refuses it
-
-    def _on_planner_event(self, event: PlannerEvent) -> None:
-        self._emit(event)
-        if (isinstance(event, LLMAttempt) and event.phase == "done"
-                and self._answer_after_epoch is not None and event.epoch > self._answer_after_epoch):
-            self._answer_after_epoch = None  # once per utterance (a final may be deferred by the rate limit)
-            self._answer_settled()
-
-    def _answer_settled(self) -> None:
-        """The final transcript's stream has answered: the oracle now in place is the answer's."""
-        epoch = self.planner.oracle_epoch
-        if not epoch or self._speech_end is None:
-            return
-        if epoch in self._reset_applied_at:
-            self._emit_lead(epoch)
-        else:
-            self._lead_pending = epoch  # its reset is still on the way to the engine
-
-    def _emit_lead(self, epoch: int) -> None:
-        self._lead_pending = None
-        if self._speech_end is not None:
-            self._emit(OracleLead(round(self._speech_end - self._reset_applied_at[epoch], 3), epoch))
 
 
 class _SlotFailed(Exception):

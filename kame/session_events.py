@@ -71,6 +71,7 @@ class LLMAttempt:
     error_kind: str | None = None
     error: str | None = None
     retry_in_s: float | None = None  # after a failure: when the next attempt may start
+    oracle_epoch: int = 0  # with the last phase: the epoch of the oracle in place then (0: none); not on the wire
 
 
 @dataclass(frozen=True)

@@ -114,11 +114,12 @@ class AttemptRecord:
     def first_token_latency_s(self) -> float | None:
         return None if self.first_token_at is None else self.first_token_at - self.requested_at
 
-    def snapshot(self, phase: str, retry_in_s: float | None = None) -> LLMAttempt:
-        """The frozen event of `phase`, with what that phase tells (the record goes on changing)."""
+    def snapshot(self, phase: str, retry_in_s: float | None = None, oracle_epoch: int = 0) -> LLMAttempt:
+        """The frozen event of `phase`, with what that phase tells (the record goes on changing);
+        `oracle_epoch`: the oracle in place when the attempt ended."""
         started, first, last = phase == "started", phase == "first_token", phase in ("done", "cancelled", "failed")
-        outcome = {"oracle_tokens": self.tokens, "took_oracle": self.took_oracle,
-                   "kept_oracle": self.kept_oracle} if last else {}
+        outcome = {"oracle_tokens": self.tokens, "took_oracle": self.took_oracle, "kept_oracle": self.kept_oracle,
+                   "oracle_epoch": oracle_epoch} if last else {}
         return LLMAttempt(phase, self.epoch, self.backend, self.trigger,
                           user_text=self.user_text if started else "",
                           latency_s=self.first_token_latency_s if first else None,
@@ -499,7 +500,7 @@ class Planner:
         if record.status != "running":  # cancelled already
             return
         record.status, record.finished_at = status, self.clock.now()
-        self._on_event(record.snapshot(status, retry_in_s))
+        self._on_event(record.snapshot(status, retry_in_s, self._oracle.epoch))
 
     def _failed(self, record: AttemptRecord, exc: LLMError) -> None:
         if record.status != "running":  # cancelled already: not this stream's failure to count

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -73,8 +72,9 @@ class ScriptedAsr:
     name = "scripted-asr"
 
     def __init__(self, script: list[tuple[float, object]] = (), fail_at_s: float | None = None,
-                 stall: bool = False) -> None:
+                 stall: bool = False, clock: Clock | None = None) -> None:
         self.script, self.fail_at_s, self.stall = list(script), fail_at_s, stall
+        self.clock = clock or MonotonicClock()  # what `stalled_for_s` counts on
 
     def open_stream(self) -> _ScriptedStream:
         return _ScriptedStream(self)
@@ -94,7 +94,7 @@ class _ScriptedStream:
 
     def push_pcm(self, pcm) -> None:
         if self.asr.stall:
-            self._stalled_since = self._stalled_since or time.monotonic()
+            self._stalled_since = self._stalled_since or self.asr.clock.now()
             return
         self._heard += len(pcm) / SAMPLE_RATE
         while self._pending and self._pending[0][0] <= self._heard:
@@ -104,7 +104,7 @@ class _ScriptedStream:
             self._events.put_nowait(AsrFailure("scripted ASR failure"))
 
     def stalled_for_s(self) -> float:
-        return 0.0 if self._stalled_since is None else time.monotonic() - self._stalled_since
+        return 0.0 if self._stalled_since is None else self.asr.clock.now() - self._stalled_since
 
     async def flush(self) -> None:
         pass
