@@ -16,7 +16,7 @@ from typing import Any, Literal
 import torch
 
 from kame.asr import AsrEngine, build_asr
-from kame.backend import make_llm
+from kame.backend import breaker, make_llm
 from kame.backend.breaker import CircuitBreakerLLM
 from kame.backend.llm import LLMClient
 from kame.backend.planner import PlannerConfig
@@ -64,8 +64,8 @@ class RuntimeSettings:
     batch_window_s: float = BATCH_WINDOW_S  # eager clock: how long a ready session waits for the others
     max_pending_frames: int = MAX_PENDING_FRAMES  # hard cap of a session's input queue
     engine_threads: int | None = None  # torch threads of the engine thread; None: 1 on a CPU
-    breaker_failures: int = 5  # LLM failures in a row (per profile) that open its circuit ...
-    breaker_cooldown_s: float = 30.0  # ... for this long
+    breaker_failures: int = breaker.THRESHOLD  # LLM failures in a row (per profile) that open its circuit ...
+    breaker_cooldown_s: float = breaker.COOLDOWN_S  # ... for this long
     tools: Mapping[str, ToolConfig] = field(default_factory=dict)  # [tools.NAME]; empty: no tools
     knowledge: KnowledgeOptions | None = None  # None: no knowledge base
 

@@ -12,6 +12,7 @@ import pytest
 
 from kame.asr.kyutai_stt import SttOptions
 from kame.asr.whisper import WhisperOptions
+from kame.backend.breaker import CircuitBreakerLLM
 from kame.backend.planner import PlannerConfig
 from kame.backend.profiles import BackendProfile
 from kame.frontend.runner import EngineRunner
@@ -67,3 +68,10 @@ def test_runner_defaults_are_the_runtimes():
     runtime = RuntimeSettings()
     for name in ("jitter_frames", "batch_window_s", "max_pending_frames"):
         assert parameters[name].default == getattr(runtime, name), name
+
+
+def test_breaker_defaults_are_the_runtimes():
+    parameters = inspect.signature(CircuitBreakerLLM).parameters
+    runtime = RuntimeSettings()
+    assert parameters["threshold"].default == runtime.breaker_failures
+    assert parameters["cooldown_s"].default == runtime.breaker_cooldown_s

@@ -12,6 +12,7 @@ from kame.clock import Clock, MonotonicClock
 logger = logging.getLogger(__name__)
 
 # failures that say the backend is unwell; a bad request or a missing key is ours to fix
+THRESHOLD, COOLDOWN_S = 5, 30.0  # the defaults: failed attempts in a row that open it, for this long
 _COUNTED = {"connection", "timeout", "server", "rate_limit", "protocol"}
 
 
@@ -19,7 +20,8 @@ class CircuitBreakerLLM:
     """Wraps an LLMClient. Closed: calls pass. `threshold` failed attempts in a row: open, every
     call fails at once for `cooldown_s`. Then half-open: one trial call; success closes it."""
 
-    def __init__(self, inner: LLMClient, threshold: int = 5, cooldown_s: float = 30.0, clock: Clock | None = None):
+    def __init__(self, inner: LLMClient, threshold: int = THRESHOLD, cooldown_s: float = COOLDOWN_S,
+                 clock: Clock | None = None):
         self.inner, self.threshold, self.cooldown_s = inner, threshold, cooldown_s
         self.name = inner.name
         self.supports_tools = getattr(inner, "supports_tools", False)
