@@ -119,10 +119,15 @@ def test_the_profile_timeouts_hold_for_the_embedded_model_too(smol, monkeypatch)
     assert "Paris" in answer  # the model serves the next request as before
 
 
-def test_make_llm_gives_the_embedded_model_its_profiles_timeouts():
-    profile = dataclasses.replace(DEFAULT_PROFILES["embedded"], first_token_timeout_s=2.5, token_timeout_s=0.7)
+def test_make_llm_gives_the_embedded_model_its_profiles_timeouts(tmp_path):
+    # a model file that is not there: its worker fails at once, where the bundled model's would spend
+    # some 25 s of CPU loading a second copy that nothing here uses (and `aclose` 10 s waiting for it)
+    model = str(tmp_path / "absent.gguf")
+    profile = dataclasses.replace(DEFAULT_PROFILES["embedded"], model=model, first_token_timeout_s=2.5,
+                                  token_timeout_s=0.7)
     llm = make_llm(profile)
     try:
+        assert isinstance(llm, EmbeddedLLM) and llm.options.model == model
         assert (llm.options.first_token_timeout_s, llm.options.token_timeout_s) == (2.5, 0.7)
     finally:
         asyncio.run(llm.aclose())
