@@ -91,8 +91,8 @@ def tools_server(tool_llm, tmp_path_factory):
 
 
 async def converse(url: str, turns: list[tuple[np.ndarray, str]], max_after_s: float = 25.0) -> Recording:
-    """Ask each question in turn in one session (speech, then real-time silence until the assistant
-    said the expected words after that question's final transcript)."""
+    """Ask each question in turn in one session (speech, then real-time silence until that question's
+    final transcript came and the assistant said the expected words since the question began)."""
     client = await KameClient.connect(url + "/api/chat")
     got = Recording()
     receiver = asyncio.create_task(record(client, got))
@@ -109,9 +109,11 @@ async def _speak(client: KameClient, got: Recording, turns: list[tuple[np.ndarra
     sent = 0
     for index, (pcm, until) in enumerate(turns):
         question = np.concatenate([np.zeros(7200, np.float32), pcm])
+        # counted before the question is sent: the answer may begin while it is still being spoken
+        # (a partial transcript starts an attempt), and words of it said by then count as said after it
+        said_before = len(got.text_stream)
         await stream_realtime(client, question)
         sent += len(question)
-        said_before = len(got.text_stream)
         for _ in range(int(max_after_s / 0.08)):
             finals = sum(e.final for e in got.of("transcript"))
             if finals > index and until in got.text_stream[said_before:]:
