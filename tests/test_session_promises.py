@@ -158,11 +158,18 @@ def test_a_reused_slot_starts_clean(tiny_copy, engine):
         await a.speak_until(lambda: {"paris", "capital", "france"} <= set(a.said()))  # A's oracle is live in the slot
         assert [e.phase for e in a.of(LLMAttempt) if e.epoch == 2] == ["started"]
         slot, generation = a.session.handle.slot, a.session.handle.generation
-        await a.session.aclose()
-        rig.asr.script = []  # B says nothing
+        rig.asr.close_s = 3.0  # A's ASR takes 3 s to close: A's answer would come out meanwhile
+        closing = asyncio.create_task(a.session.aclose())
+        await settle()
+        assert not closing.done() and rig.runtime.runner.free_slots == 0  # the slot waits for the close
+        async with asyncio.timeout(HANG_S):
+            while not closing.done():  # 3 s of clock time and more: A's second answer would be out by now
+                await rig.clock.advance(0.1)
+                await asyncio.sleep(0.001)
+        assert rig.clock.now() - rig.t0 > 3.0
+        rig.asr.script, rig.asr.close_s = [], 0.0  # B says nothing
         b = await rig.open()
         assert (b.session.handle.slot, b.session.handle.generation) == (slot, generation + 1)
-        await rig.advance_to(3.0)  # A's second answer would be out by now
         await b.speak(4.0)
         await b.session.aclose()
         return rig, a, b
