@@ -34,39 +34,39 @@ APP_NAME = "kame"
 REGISTRY = "kame-registry"  # the named actor where replicas report their free slots ...
 NAMESPACE = "kame"  # ... in a namespace of its own (Serve's replicas run in "serve")
 REPORT_S = 1.0  # how often a replica reports (and looks for a drain)
-STALE_S = 5.0  # a replica not heard from this long is left out of /healthz
 
 
 class Registry:
-    """A small Ray actor: each replica's last report (free slots, sessions), and the drain flag that
-    SIGTERM of `kame serve --ray` sets so that every replica tells its sessions, as one server would."""
+    """A small Ray actor for what Serve does not know: each replica's last figures (free slots,
+    sessions) and metric families, and the drain flag that SIGTERM of `kame serve --ray` sets so that
+    every replica tells its sessions, as one server would. Which replicas exist is Serve's to say:
+    a reader passes the replica ids Serve's controller lists (`live`), and a replica Serve no longer
+    lists is forgotten; without them (the controller did not answer), every replica that reported."""
 
     def __init__(self) -> None:
         self.replicas: dict[str, dict] = {}
-        self.metrics: dict[str, bytes] = {}
+        self.families: dict[str, list] = {}  # replica -> its prometheus_client metric families
         self.draining = False
 
-    def report(self, replica: str, figures: dict, metrics: bytes = b"") -> bool:
-        """A replica's figures and its Prometheus text; the answer: should it drain?"""
-        import time
-
-        self.replicas[replica] = figures | {"replica": replica, "at": time.time()}
-        self.metrics[replica] = metrics
+    def report(self, replica: str, figures: dict, families: list | None = None) -> bool:
+        """A replica's figures and its metric families (`registry.collect()`); the answer: drain?"""
+        self.replicas[replica] = figures | {"replica": replica}
+        self.families[replica] = families or []
         return self.draining
 
-    def metrics_text(self) -> bytes:
+    def snapshot(self, live: list[str] | None = None) -> list[dict]:
+        return [self.replicas[name] for name in self._live(live)]
+
+    def metrics_text(self, live: list[str] | None = None) -> bytes:
         """Every live replica's metrics in one exposition, each sample labelled with its replica."""
-        return merge_metrics({name: self.metrics[name] for name in self._live()})
+        return merge_metrics({name: self.families[name] for name in self._live(live)})
 
-    def snapshot(self) -> list[dict]:
-        return [{k: v for k, v in self.replicas[name].items() if k != "at"} for name in self._live()]
-
-    def _live(self) -> list[str]:
-        """The replicas heard from within STALE_S, by name."""
-        import time
-
-        now = time.time()
-        return sorted(name for name, r in self.replicas.items() if now - r["at"] <= STALE_S)
+    def _live(self, live: list[str] | None) -> list[str]:
+        if live is None:
+            return sorted(self.replicas)
+        for name in set(self.replicas) - set(live):  # gone from Serve: dead, or stopped
+            del self.replicas[name], self.families[name]
+        return sorted(self.replicas)
 
     def drain(self) -> None:
         self.draining = True
@@ -104,11 +104,19 @@ class Replica:
             raise RuntimeError("the app's start-up (loading and warming the models) has not finished")
 
 
-async def serve_readiness(controller, app_name: str, deployment: str, timeout_s: float = 2.0) -> dict:
-    """`readiness` of the deployment, from Serve's controller (one small RPC: about 5 ms)."""
-    details = await asyncio.wait_for(controller.get_serve_instance_details.remote(), timeout_s)
+def deployment_details(details: dict, app_name: str, deployment: str) -> dict | None:
+    """The deployment's part of Serve's controller's `get_serve_instance_details()` (one small RPC,
+    the one `serve.status()` makes too; docs/scaling.md has its time); None: not deployed."""
     app = details.get("applications", {}).get(app_name) or {}
-    return readiness(app.get("deployments", {}).get(deployment))
+    return app.get("deployments", {}).get(deployment)
+
+
+def replica_ids(deployment: dict | None) -> list[str] | None:
+    """The replicas Serve lists for the deployment, in any state (starting, running, stopping with
+    sessions to finish), by the id each replica names itself with; None: unknown."""
+    if deployment is None:
+        return None
+    return [replica["replica_id"] for replica in deployment.get("replicas", [])]
 
 
 @dataclass(frozen=True)
@@ -148,23 +156,30 @@ def build_app(settings: ServerSettings):
         app.state.warm = True  # Replica.check_health
         app.state.reporter = asyncio.get_running_loop().create_task(_report(app, replica, registry))
 
-    async def cluster() -> dict:
-        """/healthz: the cluster's readiness (its "status" makes a 503 unless ready), and the replicas'
-        figures from the registry."""
+    async def serve_details() -> dict | None:
+        """The deployment as Serve's controller describes it; None when it does not answer in time."""
         try:
-            ready = await serve_readiness(controller, context.app_name, context.deployment)
+            details = await asyncio.wait_for(controller.get_serve_instance_details.remote(), 2.0)
         except Exception as exc:  # Serve's controller gone or slow: readiness cannot be told
             logger.warning("Serve's controller did not answer: %s", exc)
-            ready = readiness(None)
+            return None
+        return deployment_details(details, context.app_name, context.deployment)
+
+    async def cluster() -> dict:
+        """/healthz: the cluster's readiness (its "status" makes a 503 unless ready), and the figures
+        of the replicas Serve lists, from the registry."""
+        deployment = await serve_details()
         try:
-            return ready | {"replicas": await asyncio.wait_for(registry.snapshot.remote(), 2.0)}
+            replicas = await asyncio.wait_for(registry.snapshot.remote(replica_ids(deployment)), 2.0)
         except Exception as exc:  # the registry gone or slow: this replica's own health still answers
             logger.warning("the replica registry did not answer: %s", exc)
-            return ready | {"replicas": None}
+            replicas = None
+        return readiness(deployment) | {"replicas": replicas}
 
     async def cluster_metrics() -> bytes:
+        deployment = await serve_details()
         try:
-            return await asyncio.wait_for(registry.metrics_text.remote(), 2.0)
+            return await asyncio.wait_for(registry.metrics_text.remote(replica_ids(deployment)), 2.0)
         except Exception as exc:
             logger.warning("the replica registry did not answer: %s", exc)
             return b"# the cluster's figures are unavailable: the registry did not answer\n"
@@ -172,43 +187,45 @@ def build_app(settings: ServerSettings):
     return create_app(settings, on_ready=on_ready, health_extra=cluster, metrics_source=cluster_metrics)
 
 
-def merge_metrics(texts: dict[str, bytes]) -> bytes:
-    """Prometheus expositions of several replicas as one: each family's HELP and TYPE once, then its
-    samples from every replica, each with a `replica` label (figures up to REPORT_S old)."""
-    families: dict[str, dict] = {}  # name -> {"head": [HELP, TYPE lines], "samples": [...]}
-    for replica, text in sorted(texts.items()):
-        current = None
-        for line in text.decode().splitlines():
-            if line.startswith(("# HELP ", "# TYPE ")):
-                current = line.split()[2]
-                family = families.setdefault(current, {"head": [], "samples": []})
-                if line not in family["head"]:
-                    family["head"].append(line)
-            elif line and not line.startswith("#") and current is not None:
-                families[current]["samples"].append(_with_label(line, "replica", replica))
-    out = [line for family in families.values() for line in family["head"] + family["samples"]]
-    return ("\n".join(out) + "\n").encode()
+def merge_metrics(families: dict[str, list]) -> bytes:
+    """Several replicas' metric families (prometheus_client's, as their registries collect them) as
+    one exposition: each family once, with every replica's samples, each labelled with its replica
+    (figures up to REPORT_S old). prometheus_client writes the text."""
+    from prometheus_client import generate_latest
+    from prometheus_client.metrics_core import Metric
+
+    merged: dict[str, Metric] = {}
+    for replica, metrics in sorted(families.items()):
+        for family in metrics:
+            into = merged.get(family.name)
+            if into is None:
+                into = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+            into.samples += [sample._replace(labels={"replica": replica, **sample.labels})
+                             for sample in family.samples]
+    return generate_latest(_Collected(list(merged.values())))
 
 
-def _with_label(sample: str, key: str, value: str) -> str:
-    """`name{a="b"} 1.0` -> `name{key="value",a="b"} 1.0`; `name 1.0` -> `name{key="value"} 1.0`."""
-    label = f'{key}="{value}"'
-    name_end = min(i for i in (sample.find("{"), sample.find(" ")) if i >= 0)
-    if sample[name_end] == "{":
-        inner = sample[name_end + 1:]
-        return f"{sample[:name_end]}{{{label}{'' if inner.startswith('}') else ','}{inner}"
-    return f"{sample[:name_end]}{{{label}}}{sample[name_end:]}"
+@dataclass(frozen=True)
+class _Collected:
+    """Metric families already collected, as prometheus_client's writer reads a registry."""
+
+    families: list
+
+    def collect(self) -> list:
+        return self.families
 
 
 async def _report(app, replica: str, registry) -> None:
-    """Every REPORT_S: this replica's free slots to the registry; when it says drain, drain."""
+    """Every REPORT_S: this replica's free slots and metric families to the registry; when it says
+    drain, drain."""
     drained = False
     while True:
         services = app.state.services
         figures = {"free_slots": services.runtime.runner.free_slots,
                    "max_sessions": services.runtime.engine.batch_size, "sessions": len(app.state.sessions)}
         try:
-            if await registry.report.remote(replica, figures, services.metrics.render()) and not drained:
+            families = list(services.metrics.registry.collect())
+            if await registry.report.remote(replica, figures, families) and not drained:
                 drained = True
                 logger.info("replica %s: the server is stopping, telling its sessions", replica)
                 await app.state.drain()
@@ -282,8 +299,8 @@ def stop(drain_s: float | None = None) -> None:
         registry = _registry or ray.get_actor(REGISTRY, namespace=NAMESPACE)
         ray.get(registry.drain.remote(), timeout=5)
         deadline = time.monotonic() + (drain_s if drain_s is not None else 15.0)
-        while time.monotonic() < deadline and any(
-                r["sessions"] for r in ray.get(registry.snapshot.remote(), timeout=5)):
+        controller = _controller()
+        while (left := deadline - time.monotonic()) > 0 and _sessions_held(registry, controller, min(5.0, left)):
             time.sleep(0.2)
     except Exception as exc:  # Ray itself going away: stop what is left
         logger.warning("could not drain through the registry: %s", exc)
@@ -291,6 +308,35 @@ def stop(drain_s: float | None = None) -> None:
     serve.shutdown()
     _forget_registry()
     ray.shutdown()
+
+
+def _controller():
+    """Serve's controller, by the handle the driver's Serve client holds (serve.start made it); None:
+    none."""
+    from ray.serve.context import _get_global_client
+
+    try:
+        client = _get_global_client(raise_if_no_controller_running=False)
+    except Exception as exc:
+        logger.warning("Serve's controller cannot be found: %s", exc)
+        return None
+    return None if client is None else client._controller
+
+
+def _sessions_held(registry, controller, timeout_s: float) -> int:
+    """The sessions that the replicas Serve lists still hold, by the registry's figures; when the
+    controller is gone or does not answer within `timeout_s`, those of every replica that reported
+    (a replica that died meanwhile then counts until the deadline: stop() waits no longer than that)."""
+    import ray
+
+    live = None
+    if controller is not None:
+        try:
+            details = ray.get(controller.get_serve_instance_details.remote(), timeout=timeout_s)
+            live = replica_ids(deployment_details(details, APP_NAME, APP_NAME))
+        except Exception as exc:
+            logger.warning("Serve's controller did not answer: %s", exc)
+    return sum(replica["sessions"] for replica in ray.get(registry.snapshot.remote(live), timeout=timeout_s))
 
 
 def _forget_registry() -> None:

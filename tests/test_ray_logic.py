@@ -1,15 +1,17 @@
 """The pure logic of `kame serve --ray`, without a Ray instance: the cluster's readiness from Serve's
-details of the deployment, and the request router's own count of what it sent each replica (driven
-here as Serve's router drives it: rank, send, the replica's answer, the request's end)."""
+details of the deployment, the registry's figures and metrics of the replicas Serve lists, and the
+request router's own count of what it sent each replica (driven here as Serve's router drives it:
+rank, send, the replica's answer, the request's end)."""
 
 from __future__ import annotations
 
 import asyncio
+import pickle
 import threading
 
 import pytest
 
-from server.ray_serve import readiness
+from server.ray_serve import Registry, merge_metrics, readiness, replica_ids
 
 
 def details(states: list[str], target: int, autoscaling: dict | None = None) -> dict:
@@ -47,6 +49,102 @@ def test_autoscaling_wants_its_minimum_warm():
 
 def test_no_details_is_unknown():
     assert readiness(None) == {"status": "unknown", "warm_replicas": None, "wanted_replicas": None}
+
+
+# the registry: the figures and metrics of the replicas Serve lists
+
+def test_the_registry_lists_the_replicas_serve_lists_and_forgets_the_others():
+    registry = Registry()
+    for name, sessions in (("a", 2), ("b", 1)):
+        assert registry.report(name, {"free_slots": 2 - sessions, "max_sessions": 2, "sessions": sessions}) is False
+    # Serve's controller did not answer: every replica that reported
+    assert [r["replica"] for r in registry.snapshot(None)] == ["a", "b"]
+    # Serve lists "b" (dead, or stopped) no more, and "c" (starting) has not reported yet
+    assert registry.snapshot(["a", "c"]) == [{"free_slots": 0, "max_sessions": 2, "sessions": 2, "replica": "a"}]
+    assert [r["replica"] for r in registry.snapshot(None)] == ["a"]  # forgotten
+    registry.drain()
+    assert registry.report("a", {"free_slots": 2, "max_sessions": 2, "sessions": 0}) is True
+
+
+def test_replica_ids_are_every_replica_serve_lists():
+    assert replica_ids(details(["RUNNING", "STOPPING", "STARTING"], 2)) == ["r0", "r1", "r2"]
+    assert replica_ids(details([], 1)) == []
+    assert replica_ids(None) is None
+
+
+def test_the_cluster_metrics_are_each_family_once_with_every_replica_labelled():
+    """What /metrics through the proxy answers: the families each replica's registry collects (sent
+    to the registry actor pickled, as Ray sends them), each sample labelled with its replica."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from server.metrics import Metrics
+
+    replicas = {"a": Metrics(), "b": Metrics()}
+    for sessions, metrics in enumerate(replicas.values(), start=1):
+        metrics.active_sessions.set(sessions)
+        metrics.sessions_total.inc(sessions * 3)
+        metrics.frames_dropped.labels("in").inc(sessions)
+        metrics.frame_latency.observe(0.015)
+    registry = Registry()
+    for name, metrics in replicas.items():
+        registry.report(name, {}, pickle.loads(pickle.dumps(list(metrics.registry.collect()))))
+    text = registry.metrics_text(["a", "b"]).decode()
+    assert text.count("# TYPE kame_active_sessions gauge") == 1
+    assert text.count("# HELP kame_frame_latency_seconds ") == 1
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+
+    def values(family: str, sample: str, **labels) -> dict:
+        return {s.labels["replica"]: s.value for s in families[family].samples
+                if s.name == sample and labels.items() <= s.labels.items()}
+
+    assert values("kame_active_sessions", "kame_active_sessions") == {"a": 1.0, "b": 2.0}
+    assert values("kame_sessions", "kame_sessions_total") == {"a": 3.0, "b": 6.0}
+    assert values("kame_frames_dropped", "kame_frames_dropped_total", direction="in") == {"a": 1.0, "b": 2.0}
+    assert values("kame_frame_latency_seconds", "kame_frame_latency_seconds_bucket", le="0.02") == {"a": 1.0, "b": 1.0}
+    assert values("kame_frame_latency_seconds", "kame_frame_latency_seconds_count") == {"a": 1.0, "b": 1.0}
+    # every sample of every family, the process's own included, names its replica
+    assert all(s.labels.get("replica") in ("a", "b") for f in families.values() for s in f.samples)
+    # each replica's own exposition, less the label, is in the cluster's
+    own = {(s.name, tuple(sorted(s.labels.items())), s.value)
+           for f in text_string_to_metric_families(replicas["b"].render().decode()) for s in f.samples}
+    merged_b = {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "replica")), s.value)
+                for f in families.values() for s in f.samples if s.labels["replica"] == "b"}
+    assert {x for x in own if not x[0].startswith("process_")} <= merged_b
+
+
+def test_no_replica_is_an_empty_exposition():
+    assert merge_metrics({}) == b""
+
+
+class _Actor:
+    """An actor handle's stand-in: `handle.method.remote(*args)` is a call that `ray.get` makes."""
+
+    def __init__(self, **methods) -> None:
+        for name, method in methods.items():
+            setattr(self, name, type("Method", (), {"remote": staticmethod(lambda *a, m=method: lambda: m(*a))}))
+
+
+def test_the_drain_counts_the_sessions_of_the_replicas_serve_lists(monkeypatch):
+    """stop()'s drain waits while the replicas Serve lists hold sessions; with Serve's controller gone
+    or silent, while any replica that reported does (its deadline still bounds the wait)."""
+    import ray
+
+    from server.ray_serve import APP_NAME, _sessions_held
+
+    registry = Registry()
+    for name, sessions in (("a", 1), ("b", 2)):
+        registry.report(name, {"sessions": sessions})
+    handle = _Actor(snapshot=registry.snapshot)
+
+    def silent():
+        raise TimeoutError("no answer")
+
+    listed = {"applications": {APP_NAME: {"deployments": {APP_NAME: {"replicas": [{"replica_id": "b"}]}}}}}
+    monkeypatch.setattr(ray, "get", lambda call, timeout=None: call())
+    assert _sessions_held(handle, None, 1.0) == 3  # no controller
+    assert _sessions_held(handle, _Actor(get_serve_instance_details=silent), 1.0) == 3
+    assert _sessions_held(handle, _Actor(get_serve_instance_details=lambda: listed), 1.0) == 2  # "a" is gone
+    assert [r["replica"] for r in registry.snapshot(None)] == ["b"]
 
 
 # the router
