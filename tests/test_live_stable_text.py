@@ -1,0 +1,70 @@
+"""The user's transcript as GPT-Live's append-only deltas: a word goes out once it is stable."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.live.stable_text import StableWords
+
+
+def test_a_word_goes_out_once_two_partials_agree_and_it_is_not_among_the_newest():
+    words = StableWords(hold=2)
+    assert words.partial("what") == ""
+    assert words.partial("what is") == ""
+    assert words.partial("what is the") == "what"  # agreed by two partials, two newer words held back
+    assert words.partial("what is the capital") == " is"
+    assert words.partial("what is the capital of france") == " the capital"
+    assert words.final("What is the capital of France?") == " of France?"
+
+
+def test_the_newest_words_may_be_revised_before_they_go_out():
+    words = StableWords(hold=1)
+    sent = [words.partial("the cat"), words.partial("the cats at"), words.partial("the cat sat on")]
+    assert sent == ["", "the", ""]  # "cat"/"cats" disagreed twice: held
+    assert words.partial("the cat sat on the") == " cat sat on"
+    assert words.final("the cat sat on the mat") == " the mat"
+
+
+def test_case_and_punctuation_changes_do_not_unsettle_a_word():
+    words = StableWords(hold=0)
+    assert words.partial("hello there") == ""
+    assert words.partial("Hello, there.") == "Hello, there."
+
+
+def test_a_revision_of_words_already_sent_goes_on_from_the_same_count():
+    words = StableWords(hold=0)
+    words.partial("I scream")
+    assert words.partial("I scream now") == "I scream"
+    # the ASR now hears "ice cream": the sent words stay, the deltas go on by count
+    assert words.final("ice cream now please") == " now please"
+
+
+def test_utterances_follow_one_another_with_a_space_and_a_short_final_sends_nothing():
+    words = StableWords(hold=1)
+    deltas = [words.final("hello"), words.partial("how are"), words.partial("how are you"),
+              words.final("how"),  # nothing new: the final is shorter than what went out
+              words.final("fine")]
+    assert deltas == ["hello", "", " how are", "", " fine"]
+    assert "".join(deltas) == "hello how are fine"
+
+
+def test_every_word_goes_out_exactly_once_and_in_order():
+    """Whatever the partials, the deltas joined are the final's words past those already sent."""
+    import random
+
+    rng = random.Random(7)
+    vocabulary = ["a", "b", "c", "d", "e"]
+    for _ in range(200):
+        words = StableWords(hold=rng.randint(0, 3))
+        final = [rng.choice(vocabulary) for _ in range(rng.randint(1, 8))]
+        out = ""
+        for n in range(1, len(final) + 1):  # growing partials, their newest word sometimes misheard
+            heard = final[:n - 1] + [rng.choice(vocabulary)]
+            out += words.partial(" ".join(heard))
+        out += words.final(" ".join(final))
+        assert out.split() == final, (out, final)  # the stable prefix agreed with the final here
+
+
+def test_hold_must_not_be_negative():
+    with pytest.raises(ValueError):
+        StableWords(hold=-1)
