@@ -36,11 +36,15 @@ def synthesize_wav(text: str, path: str | Path) -> Path:
     return path
 
 
+def cached_path(text: str, cache_dir: str | Path) -> Path:
+    """Where `speech` keeps `text` spoken: in `cache_dir`, by text hash."""
+    return Path(cache_dir) / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.wav"
+
+
 def speech(text: str, cache_dir: str | Path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
     """`text` spoken, as mono float32 PCM at `sample_rate`, cached in `cache_dir` by text hash."""
-    cache = Path(cache_dir)
-    cache.mkdir(parents=True, exist_ok=True)
-    path = cache / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.wav"
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    path = cached_path(text, cache_dir)
     if not path.exists():
         tmp = path.with_suffix(".tmp.wav")
         synthesize_wav(text, tmp)

@@ -46,7 +46,8 @@ class StableWords:
 
     def final(self, text: str) -> str:
         """The rest of the utterance; the next transcript starts a new one."""
-        delta = self._send(text.split(), len(text.split()))
+        words = text.split()
+        delta = self._send(words, len(words))
         self._sent, self._previous = 0, []
         return delta
 
