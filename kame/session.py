@@ -24,19 +24,18 @@ from kame.asr.feed import AsrFeed
 from kame.backend.planner import Planner
 from kame.clock import Clock, MonotonicClock
 from kame.codec import FrameSplitter
+from kame.engine_events import FrameEvents
 from kame.errors import EngineError, SessionError, SlotsBusy
 from kame.frontend.engine import FrameOutput
-from kame.frontend.oracle import OracleUpdate, PieceDecoder
+from kame.frontend.oracle import OracleUpdate
 from kame.latency import LatencyTracker
 from kame.queues import post
 from kame.runtime import Runtime
 from kame.session_config import SessionConfig
 from kame.session_events import (
     AsrFailed,
-    AssistantAudio,
     AssistantText,
     BackendChanged,
-    OracleApplied,
     SessionEvent,
     SessionFailed,
     Transcript,
@@ -56,9 +55,7 @@ class TandemSession:
         self.runtime, self.config = runtime, config
         self.clock = clock or MonotonicClock()  # timers, latency and the oracle lead read it
         self.id = session_id or uuid.uuid4().hex[:12]
-        self.backend = config.backend or runtime.default_profile
-        if self.backend not in runtime.profiles:
-            raise SessionError(f"unknown backend profile {self.backend!r}; known: {', '.join(runtime.profiles)}")
+        self.backend = self._profile(config.backend or runtime.default_profile)
         try:  # the front-end's sampling for this session: the checkpoint's, with what it asked for
             self.sampling = runtime.engine.sampler.default.updated(config.sampling)
         except ValueError as exc:
@@ -67,7 +64,7 @@ class TandemSession:
         self._outputs: asyncio.Queue[FrameOutput | BaseException] = asyncio.Queue()
         self._events = EventOutlet(observers, config.output_frames, self.id)
         self._splitter = FrameSplitter()
-        self._pieces = PieceDecoder(runtime.frontend.tokenizer) if runtime.frontend.tokenizer else None
+        self._frames = FrameEvents(runtime.frontend.tokenizer)
         self._timing = LatencyTracker(self.clock)
         self.frames_in = self.frames_out = 0
         self._closed = False
@@ -228,28 +225,25 @@ class TandemSession:
 
     def configure(self, backend: str | None = None, system_prompt: str | None = None) -> BackendChanged:
         """Switch the LLM backend profile and/or the system prompt; the front-end is untouched."""
-        profiles = self.runtime.profiles
-        if backend is not None and backend not in profiles:
-            raise SessionError(f"unknown backend profile {backend!r}; known: {', '.join(profiles)}")
-        if backend is not None and backend != self.backend:
+        if backend is not None and self._profile(backend) != self.backend:
             self.backend = backend
             self.planner.set_llm(self.runtime.llm(backend))
         if system_prompt is not None:
             self.planner.set_system_prompt(system_prompt)
-        event = BackendChanged(self.backend, profiles[self.backend].model, self.planner.system_prompt)
+        event = BackendChanged(self.backend, self.runtime.profiles[self.backend].model, self.planner.system_prompt)
         self._emit(event)
         return event
 
+    def _profile(self, name: str) -> str:
+        if name not in self.runtime.profiles:
+            raise SessionError(f"unknown backend profile {name!r}; known: {', '.join(self.runtime.profiles)}")
+        return name
+
     # ---------------------------------------------------------------- outputs
 
-    def __aiter__(self) -> TandemSession:
-        return self
-
-    async def __anext__(self) -> SessionEvent:
-        event = await self._events.get()
-        if event is None:
-            raise StopAsyncIteration
-        return event
+    def __aiter__(self) -> EventOutlet:
+        """The session's events, in order, until it ends (one reader; observers see them all)."""
+        return self._events
 
     def _emit(self, event: SessionEvent) -> None:
         """Pass an event on (the planner's too): observers, the reader, then the timing it settles."""
@@ -281,16 +275,10 @@ class TandemSession:
             latency, skipped = self._timing.frame_out(self.handle.dropped_frames)
             if skipped is not None:
                 self._emit(skipped)
-            self._emit(AssistantAudio(output.frame, output.pcm, output.audio_ready, latency))
-            if output.text_token is not None and self._pieces is not None:
-                piece = self._pieces.push(output.text_token)
-                if piece:
-                    self.planner.on_assistant_text(piece)
-                    self._emit(AssistantText(output.frame, piece))
-            for applied in output.applied:
-                update = applied.update
-                self._emit(OracleApplied(update.op.value, update.epoch, update.text, len(update.tokens),
-                                         applied.frame, applied.accepted, applied.late_tokens))
+            for event in self._frames.of(output, latency):
+                if isinstance(event, AssistantText):  # the planner's history first: what was said
+                    self.planner.on_assistant_text(event.text)
+                self._emit(event)
 
     async def _asr_events(self) -> None:
         async for event in self._asr.transcripts():

@@ -44,12 +44,15 @@ class EventOutlet:
         """No event follows: the reader ends after those queued (ending twice is harmless)."""
         self._queue.put(_END)
 
-    async def get(self) -> SessionEvent | None:
-        """The next event; None once the session has ended (for every later reader too)."""
+    def __aiter__(self) -> EventOutlet:
+        return self
+
+    async def __anext__(self) -> SessionEvent:
+        """The next event; the iteration stops once the session has ended (for every later reader too)."""
         event = await self._queue.get()
         if event is _END:
             self._queue.put(_END)
-            return None
+            raise StopAsyncIteration
         return event
 
     def __len__(self) -> int:

@@ -1,9 +1,10 @@
 """The per-slot oracle timeline: resets, appends, padding, epochs, late tokens."""
 
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kame.frontend.oracle import OracleTimeline, OracleUpdate, tokenize_words
+from kame.frontend.oracle import OracleOp, OracleTimeline, OracleUpdate, tokenize_words
 
 START, PAD = 1000, 3
 
@@ -126,3 +127,25 @@ def test_oracle_stream_orders_events_and_keeps_frames_before_the_first_padding()
     stream = oracle_stream([(5, (7,)), (2, (6, 6))], frames=7, start_token=START, padding_token=PAD)
     assert stream == [PAD, PAD, START, 6, 6, START, 7]
     assert oracle_stream([], frames=3, start_token=START, padding_token=PAD) == [PAD] * 3
+
+
+def test_a_frame_output_becomes_audio_then_its_text_then_the_updates_it_applied():
+    from kame.engine_events import FrameEvents
+    from kame.frontend.engine import FrameOutput
+    from kame.frontend.oracle import AppliedUpdate, OracleUpdate
+    from kame.session_events import AssistantAudio, AssistantText, OracleApplied
+
+    frames = FrameEvents(_BytePieces())
+    pcm = np.zeros(1920, dtype=np.float32)
+    reset = OracleUpdate(epoch=2, op=OracleOp.RESET, tokens=(7, 8), text="hi there")
+    stale = OracleUpdate(epoch=1, op=OracleOp.APPEND, tokens=(9,), text="old")
+    first = frames.of(FrameOutput(0, 4, pcm, True, 5, 0, (AppliedUpdate(reset, 4, True, 1),
+                                                          AppliedUpdate(stale, 4, False))), 0.05)
+    assert [type(e) for e in first] == [AssistantAudio, OracleApplied, OracleApplied]  # byte 5 waits for 4's end
+    assert first[0].frame == 4 and first[0].ready and first[0].latency_s == 0.05
+    assert first[1] == OracleApplied("reset", 2, "hi there", 2, 4, True, 1)
+    assert first[2] == OracleApplied("append", 1, "old", 1, 4, False, 0)
+    second = frames.of(FrameOutput(0, 5, pcm, True, 4, 0), None)
+    assert second[1:] == [AssistantText(5, "\ufffd ok")]  # the decoder's state carries from frame to frame
+    assert frames.of(FrameOutput(0, 6, pcm, False, None, 0), None)[1:] == []
+    assert FrameEvents(None).of(FrameOutput(0, 7, pcm, True, 4, 0), None)[1:] == []  # no tokenizer, no text
