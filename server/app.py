@@ -1,4 +1,5 @@
-"""The FastAPI application: /api/chat and /v1/realtime (websockets), /healthz, /metrics, and the browser page at /."""
+"""The FastAPI application: /api/chat, /v1/realtime and /v1/live/sessions (websockets), /healthz,
+/metrics, and the browser page at /."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from kame.protocol import ProtocolError
 from kame.runtime import log_index_stats
 from server.access import AccessControl, Refusal
 from server.codec_process import CodecPool
+from server.live.adapter import LiveSession
 from server.realtime import RealtimeSession
 from server.services import Services
 from server.session import Session, SessionOptions
@@ -191,6 +193,14 @@ def create_app(settings: ServerSettings, services: Services | None = None,
         beta = "realtime=v1" in ws.headers.get("openai-beta", "")
         await run_session(ws, services, access, app.state.sessions, app.state.draining,
                           lambda: RealtimeSession(ws, services, ws.query_params.get("model", ""), beta))
+
+    @app.websocket("/v1/live/sessions")
+    async def live(ws: WebSocket) -> None:
+        """OpenAI's GPT-Live over WebSocket (docs/live.md); `?kame_events=true`: KAME's extra events."""
+        services = app.state.services
+        events = ws.query_params.get("kame_events", "").lower() in ("1", "true")
+        await run_session(ws, services, access, app.state.sessions, app.state.draining,
+                          lambda: LiveSession(ws, services, events))
 
     if (WEB_ROOT / "index.html").is_file():  # the browser page, after the routes above
         app.mount("/", StaticFiles(directory=WEB_ROOT, html=True), name="web")

@@ -40,6 +40,10 @@ class Ended(Exception):
     """The tandem session ended (an engine failure): args: (reason,)."""
 
 
+class Finished(Exception):
+    """The transport ended the session normally (the client asked): args: (close code, reason)."""
+
+
 class Limit(Exception):
     """A limit ended the session; args: (close code, reason[, error code: "limit" by default])."""
 
@@ -107,6 +111,8 @@ class SocketSession:
             await self._flush_then_close(code, reason)
         except* Ended as group:
             await self._flush_then_close(1011, group.exceptions[0].args[0])
+        except* Finished as group:
+            await self._flush_then_close(*group.exceptions[0].args)
         except* Exception:  # a bug must end this session only, with a trace in the log
             logger.exception("session %s failed", self.id)
             await self._close(1011, "internal error")

@@ -545,7 +545,7 @@ def test_the_adapter_sleeps_on_its_clock_until_the_mappings_next_deadline():
         session = RealtimeSession(None, services, "kame", beta=False, clock=clock)
         tandem = FakeTandem()
         await session._greet(tandem)
-        timer = asyncio.create_task(session._timer())
+        timer = asyncio.create_task(session._timer.run())
         await settle()
         await clock.advance(0.5 + 0.3)  # the grace, the slack: the first frame of silence is due
         for _ in range(10):  # then one frame of silence per frame of time

@@ -96,7 +96,7 @@ class AttemptRecord:
 
     epoch: int
     backend: str
-    trigger: Literal["partial", "final", "deferred"]
+    trigger: Literal["partial", "final", "deferred", "client"]
     user_text: str
     requested_at: float
     first_token_at: float | None = None
@@ -279,6 +279,16 @@ class Planner:
                 self._conv.turns[index] = ("assistant", (head + heard + tail).strip())
                 return True
         return False
+
+    def add_context(self, role: Literal["user", "assistant", "context"], text: str) -> None:
+        """A line the conversation gains without speech: earlier history (`user`, `assistant`) or
+        the application's silent context (`context`), which every later attempt reads."""
+        self._conv.turns.append((role, " ".join(text.split())))
+
+    def request_attempt(self) -> None:
+        """Start an attempt now (within the rate limit) on the conversation as it is: the client
+        has something to say (GPT-Live's commentary with no delegation open)."""
+        self._request_start("client")
 
     def set_llm(self, llm: LLMClient) -> None:
         """Hot-swap the backend: the next attempt uses it; the front-end is untouched."""

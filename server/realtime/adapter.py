@@ -3,13 +3,12 @@
 It feeds the mapping the client's frames, the session's events and the clock, and carries out
 what the mapping asks: server events onto the socket's queue (and into the recording), calls on
 the session, and the client-function bridge (the LLM's call waits on a future that the client's
-output resolves). One timer task sleeps until the mapping's next deadline.
+output resolves). A `DeadlineTimer` sleeps until the mapping's next deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 
@@ -19,6 +18,7 @@ from kame.clock import Clock, MonotonicClock
 from kame.session import TandemSession
 from kame.session_events import AssistantAudio
 from kame.tools.base import ToolLimits, ToolSpec
+from server.deadline import DeadlineTimer
 from server.realtime import actions as act
 from server.realtime.config import SessionFacts
 from server.realtime.mapping import RealtimeMapping
@@ -54,8 +54,7 @@ class RealtimeSession(SocketSession):
         self.mapping: RealtimeMapping | None = None
         self._tandem: TandemSession | None = None
         self._calls: dict[str, asyncio.Future[str]] = {}  # function calls waiting for the client's output
-        self._rearm = asyncio.Event()  # the mapping's next deadline came nearer than the timer's
-        self._armed: float | None = None
+        self._timer: DeadlineTimer | None = None
 
     def facts(self, tandem: TandemSession) -> SessionFacts:
         settings, runtime = self.settings, self.services.runtime
@@ -77,6 +76,7 @@ class RealtimeSession(SocketSession):
         self._tandem = tandem
         self.mapping = RealtimeMapping(self.facts(tandem), self.model, self.beta, self.clock.now())
         self.mapping.greet()
+        self._timer = DeadlineTimer(self.clock, self.mapping.wake_at, self._on_time, f"session {self.id}")
         self._carry_out()
 
     async def _on_message(self, message: dict, tandem: TandemSession) -> None:
@@ -103,7 +103,11 @@ class RealtimeSession(SocketSession):
         raise Ended("the session ended")
 
     def _extra_tasks(self, tandem: TandemSession) -> list:
-        return [self._timer()]
+        return [self._timer.run()]
+
+    def _on_time(self, now: float) -> None:
+        self.mapping.on_time(now)
+        self._carry_out()
 
     # ---------------------------------------------------------------- carrying out
 
@@ -127,9 +131,7 @@ class RealtimeSession(SocketSession):
                         waiting.set_result(output)
                 case act.End(reason=reason):
                     raise Ended(reason)
-        at = self.mapping.wake_at()
-        if at is not None and (self._armed is None or at < self._armed):
-            self._rearm.set()
+        self._timer.nearer()
 
     def _set_tools(self, tandem: TandemSession, specs: tuple[ToolSpec, ...], timeout_s: float) -> None:
         tools = [ClientTool(self, spec, ToolLimits(timeout_s, 8000)) for spec in specs]
@@ -142,36 +144,6 @@ class RealtimeSession(SocketSession):
         await self._tandem.flush()
         self.mapping.on_flushed(token, self.clock.now())
         self._carry_out()
-
-    async def _timer(self) -> None:
-        """Sleep on the clock until the mapping's next deadline (sooner when it comes nearer)."""
-        idle_rounds = 0
-        while True:
-            self._rearm.clear()
-            self._armed = at = self.mapping.wake_at()
-            delay = None if at is None else at - self.clock.now()
-            if delay is None or delay > 0:
-                idle_rounds = 0
-                await self._sleep_or_rearm(delay)
-            else:
-                idle_rounds += 1
-                if idle_rounds > 100:  # a deadline that on_time does not move: a bug, not a busy loop
-                    logger.error("session %s: the mapping's deadline stays in the past", self.id)
-                    await self.clock.sleep(0.08)
-            self.mapping.on_time(self.clock.now())
-            self._carry_out()
-
-    async def _sleep_or_rearm(self, delay: float | None) -> None:
-        rearm = asyncio.ensure_future(self._rearm.wait())
-        sleeper = asyncio.ensure_future(self.clock.sleep(delay)) if delay is not None else None
-        try:
-            await asyncio.wait([t for t in (rearm, sleeper) if t is not None], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (rearm, sleeper):
-                if task is not None and not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
 
     # ---------------------------------------------------------------- client functions
 

@@ -1,0 +1,50 @@
+"""What the GPT-Live mapping asks for beyond the Realtime mapping's `Send` and `SessionCall`
+(server/realtime/actions.py): the adapter carries them out, in order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from server.realtime.actions import Send, SessionCall
+
+
+@dataclass(frozen=True)
+class PlannerCall:
+    """A call on the session's planner: `add_context(role, text)`."""
+
+    method: str
+    args: tuple = ()
+
+
+@dataclass(frozen=True)
+class Delegate:
+    """Client delegation: the planner's LLM becomes the client (`delegation.ClientBackend`), whose
+    delegations the adapter announces through `mapping.delegated(id)`."""
+
+
+@dataclass(frozen=True)
+class Commentary:
+    """The client's speakable text for its delegation (None: the newest open one, or a new one)."""
+
+    delegation_id: str | None
+    text: str
+
+
+@dataclass(frozen=True)
+class Play:
+    """One frame of the assistant's audio for the media track (WebRTC), float32 at 24 kHz."""
+
+    pcm: np.ndarray
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The session ends normally (after session.closed): close the connection with `code`."""
+
+    code: int
+    reason: str
+
+
+Action = Send | SessionCall | PlannerCall | Delegate | Commentary | Play | Finish

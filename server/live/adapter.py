@@ -1,0 +1,141 @@
+"""The WebSocket side of `/v1/live/sessions`: runs a `LiveMapping` over one tandem session.
+
+It feeds the mapping the client's frames, the session's events and the clock, and carries out what
+the mapping asks: server events onto the socket's queue (and into the recording), calls on the
+session and its planner, and client delegation (`delegation.ClientBackend` as the planner's LLM).
+A `DeadlineTimer` sleeps until the mapping's next deadline (fed silence, usage reports).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from starlette.websockets import WebSocket
+
+from kame.clock import Clock, MonotonicClock
+from kame.session import TandemSession
+from kame.session_events import AssistantAudio
+from server.deadline import DeadlineTimer
+from server.live import actions as act
+from server.live.client_events import LiveError
+from server.live.config import LiveFacts
+from server.live.delegation import ClientBackend
+from server.live.mapping import LiveMapping
+from server.services import Services
+from server.transport import Ended, Finished, SocketSession
+
+logger = logging.getLogger(__name__)
+
+
+def live_facts(session_id: str, services: Services, tandem: TandemSession, transport: str,
+               events: bool) -> LiveFacts:
+    """What a Live mapping knows of this server and of its tandem session."""
+    settings, runtime = services.settings, services.runtime
+    return LiveFacts(session_id, {name: profile.model for name, profile in runtime.profiles.items()},
+                     tandem.backend, tandem.planner.system_prompt,
+                     settings.max_message_bytes * 4 // 3 + 4096,  # base64 audio of the binary limit
+                     int(time.time() + settings.max_session_s), transport, events)
+
+
+class LiveCarrier:
+    """Carries out a Live mapping's actions on a tandem session, whatever the transport: `send`
+    takes the server events, `play` the assistant's audio where a media track carries it."""
+
+    def __init__(self, mapping: LiveMapping, tandem: TandemSession, clock: Clock, send, play=None,
+                 record=None) -> None:
+        self.mapping, self.tandem, self.clock = mapping, tandem, clock
+        self._send, self._play, self._record = send, play, record
+        self.backend: ClientBackend | None = None
+        self.timer = DeadlineTimer(clock, mapping.wake_at, self._on_time, f"live session {mapping.facts.session_id}")
+
+    def _on_time(self, now: float) -> None:
+        self.mapping.on_time(now)
+        self.carry_out()
+
+    def carry_out(self, finish: bool = True) -> None:
+        """Every action the mapping asked for since the last time; `finish`: a Finish raises
+        `Finished` (the session ends), else it is left to whoever ends the session."""
+        tandem = self.tandem
+        for action in self.mapping.take():
+            match action:
+                case act.Send(event=event, droppable=droppable):
+                    if self._record is not None and not droppable:
+                        self._record({"live": event})
+                    self._send(event, droppable)
+                case act.SessionCall(method=method, args=args):
+                    getattr(tandem, method)(*args)
+                case act.PlannerCall(method=method, args=args):
+                    getattr(tandem.planner, method)(*args)
+                case act.Delegate():
+                    self.backend = ClientBackend(self.clock, self._delegated)
+                    tandem.planner.set_llm(self.backend)
+                case act.Commentary(delegation_id=delegation_id, text=text):
+                    if not self.backend.commentary(delegation_id, text):
+                        tandem.planner.request_attempt()  # no delegation open: one starts with it
+                case act.Play(pcm=pcm):
+                    if self._play is not None:
+                        self._play(pcm)
+                case act.Finish(code=code, reason=reason):
+                    if finish:
+                        raise Finished(code, reason)
+        self.timer.nearer()
+
+    def _delegated(self, delegation_id: str) -> None:
+        self.mapping.delegated(delegation_id)
+        self.carry_out()
+
+
+class LiveSession(SocketSession):
+    transport = "live"
+
+    def __init__(self, ws: WebSocket, services: Services, events: bool = False, clock: Clock | None = None) -> None:
+        super().__init__(ws, services)
+        self.events = events
+        self.clock = clock or MonotonicClock()
+        self.mapping: LiveMapping | None = None
+        self.carrier: LiveCarrier | None = None
+
+    async def open(self) -> TandemSession:
+        return await self.open_tandem(self.settings.session_config(stats_interval_s=None))
+
+    # ---------------------------------------------------------------- SocketSession's hooks
+
+    async def _greet(self, tandem: TandemSession) -> None:
+        """Nothing is sent before the client's session.start."""
+        self.mapping = LiveMapping(live_facts(self.id, self.services, tandem, "websocket", self.events))
+        record = self._recorder.write_event if self._recorder is not None else None
+        self.carrier = LiveCarrier(self.mapping, tandem, self.clock, self._enqueue, record=record)
+
+    def _enqueue(self, event: dict, droppable: bool) -> None:
+        self._send.put(json.dumps(event), droppable=droppable)
+
+    async def _on_message(self, message: dict, tandem: TandemSession) -> None:
+        try:
+            self.mapping.on_client(message.get("text"), self.clock.now())
+        finally:
+            self.carrier.carry_out()
+
+    def _bad_message(self, exc: Exception) -> None:
+        self.mapping.refuse(exc)
+        self.carrier.carry_out()
+
+    def _report(self, code: str, message: str) -> None:
+        """A limit or the server's shutdown ends the session: an error, then session.closed."""
+        if self.mapping is None:
+            return
+        self.mapping.refuse(LiveError(code, message, kind="server_error"))
+        self.mapping.close("expired" if "limit" in message else "connection_lost", self.clock.now())
+        self.carrier.carry_out(finish=False)  # the session is ending already
+
+    async def _forward(self, tandem: TandemSession) -> None:
+        async for event in tandem:
+            self.mapping.on_session(event, self.clock.now())
+            if isinstance(event, AssistantAudio):
+                self._count_dropped(tandem)
+            self.carrier.carry_out()
+        raise Ended("the session ended")
+
+    def _extra_tasks(self, tandem: TandemSession) -> list:
+        return [self.carrier.timer.run()]

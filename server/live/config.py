@@ -1,0 +1,163 @@
+"""A GPT-Live session's configuration: what `session.start` asked for, resolved against this
+server (its profiles, its front-end), and the session resource echoed in `session.started`,
+`session.updated` and `session.closed`."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import soxr
+from openai.types.live import SessionConfig, SessionUpdateConfig
+
+from kame.audio import SAMPLE_RATE
+from kame.codec import pcm16_decode, pcm16_encode
+from kame.telephony import Downsampler, Upsampler, alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from server.live.client_events import LiveError
+
+DEFAULT_FORMAT = {"type": "audio/pcm", "rate": SAMPLE_RATE}
+DEFAULT_VOICE = "kame"  # the front-end's own voice: a checkpoint has one
+
+
+@dataclass(frozen=True)
+class LiveFacts:
+    """What the mapping knows of the server and of its session when the connection opens."""
+
+    session_id: str
+    profiles: dict[str, str]  # backend profile -> its model: what `delegation.responses.model` may name
+    default_profile: str
+    system_prompt: str  # the planner's, before the client's instructions
+    max_event_bytes: int  # a text frame longer than this is refused unread
+    expires_at: int  # unix seconds: the session's length limit
+    transport: str = "websocket"  # or "webrtc": audio on a media track, not in events
+    events: bool = False  # kame.* extension events (opt-in: `?kame_events=true`)
+    usage_interval_s: float = 15.0
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    model: str
+    delegation: str  # "client" or "responses"
+    backend: str  # the LLM profile of responses delegation
+    responses: dict  # responses delegation's settings as given (echoed), {} for client delegation
+    instructions: str | None  # front-end instructions: the planner's prompt gains them
+    appended: tuple[str, ...] = ()  # session.instructions.append, in order
+    acknowledgement_delay_ms: int = 0
+    audio_format: dict = dataclasses.field(default_factory=lambda: dict(DEFAULT_FORMAT))
+    voice: str = DEFAULT_VOICE
+    history: tuple[tuple[str, str], ...] = ()  # (role, text) of `session.input`
+    substituted: str | None = None  # responses.model named no profile: the one used instead
+
+    @classmethod
+    def start(cls, session: SessionConfig, facts: LiveFacts, transport: str) -> LiveConfig:
+        """The config `session.start` asks for; LiveError for what this server cannot do."""
+        delegation = session.delegation
+        kind = "client" if delegation is None else delegation.type
+        if kind == "decisions":
+            raise LiveError("unsupported_delegation", "Decisions delegation is not supported by this server; "
+                            "use 'responses' or 'client'.", "session.delegation.type")
+        audio_format = dict(DEFAULT_FORMAT)
+        if session.audio is not None and session.audio.format is not None:
+            if transport != "websocket":
+                raise LiveError("invalid_value", "Only WebSocket sessions take audio.format; WebRTC negotiates "
+                                "its media format.", "session.audio.format")
+            audio_format = session.audio.format.model_dump(exclude_none=True)
+            if audio_format["type"] != "audio/pcm" and audio_format.get("rate") != 8000:
+                raise LiveError("invalid_value", "G.711 audio uses 8000 Hz.", "session.audio.format.rate")
+        voice = session.audio.output.voice if session.audio and session.audio.output else None
+        responses = delegation.responses.model_dump(exclude_none=True) if kind == "responses" else {}
+        backend, substituted = _profile(responses.get("model"), facts)
+        if session.triggers:
+            raise LiveError("unsupported_parameter", "Decisions triggers are not supported by this server.",
+                            "session.triggers")
+        history = tuple((item.role, " ".join(part.text for part in item.content)) for item in session.input or ())
+        return cls(model=session.model, delegation=kind, backend=backend, responses=responses,
+                   instructions=(session.instructions or "").strip() or None,
+                   acknowledgement_delay_ms=(delegation.acknowledgement_delay_ms or 0) if delegation else 0,
+                   audio_format=audio_format, voice=voice if isinstance(voice, str) else DEFAULT_VOICE,
+                   history=history, substituted=substituted)
+
+    def updated(self, update: SessionUpdateConfig, facts: LiveFacts) -> LiveConfig:
+        """This config with `session.update` (delegation settings only; the type stays)."""
+        if update.triggers:
+            raise LiveError("unsupported_parameter", "Decisions triggers are not supported by this server.",
+                            "session.triggers")
+        delegation = update.delegation
+        if delegation is None:
+            return self
+        if delegation.type != self.delegation:
+            raise LiveError("invalid_value", f"The delegation type cannot change (it is {self.delegation!r}).",
+                            "session.delegation.type")
+        new = self
+        if delegation.acknowledgement_delay_ms is not None:
+            new = dataclasses.replace(new, acknowledgement_delay_ms=delegation.acknowledgement_delay_ms)
+        given = getattr(delegation, "responses", None)
+        if given is not None:
+            responses = {**self.responses, **given.model_dump(exclude_none=True)}
+            backend, substituted = _profile(responses.get("model"), facts)
+            new = dataclasses.replace(new, responses=responses, backend=backend, substituted=substituted)
+        return new
+
+    def with_instructions(self, text: str) -> LiveConfig:
+        return dataclasses.replace(self, appended=(*self.appended, text))
+
+    def system_prompt(self, facts: LiveFacts) -> str:
+        """The planner's prompt: the backend's instructions (or the server's), then the front-end's
+        instructions and what the client appended."""
+        base = self.responses.get("instructions") or facts.system_prompt
+        extra = [text for text in (self.instructions, *self.appended) if text]
+        return "\n\n".join([base, *extra])
+
+    def resource(self, facts: LiveFacts) -> dict:
+        """The session resource (`SessionResource`): the resolved config and the server's metadata."""
+        if self.delegation == "client":
+            delegation = {"type": "client", "acknowledgement_delay_ms": self.acknowledgement_delay_ms}
+        else:
+            delegation = {"type": "responses", "acknowledgement_delay_ms": self.acknowledgement_delay_ms,
+                          "responses": {**self.responses, "model": self.responses.get("model") or self.backend}}
+        resource = {"id": facts.session_id, "expires_at": facts.expires_at,
+                    "model": self.model, "status": "active", "delegation": delegation,
+                    "audio": {"output": {"voice": self.voice}}}
+        if facts.transport == "websocket":
+            resource["audio"]["format"] = self.audio_format
+        if self.instructions is not None:
+            resource["instructions"] = self.instructions
+        return resource
+
+    def decoder(self):
+        """bytes of the client's format -> float32 at 24 kHz, streaming."""
+        kind, rate = self.audio_format["type"], self.audio_format.get("rate", SAMPLE_RATE)
+        if kind == "audio/pcm":
+            if rate == SAMPLE_RATE:
+                return pcm16_decode
+            stream = soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32")
+            return lambda data: stream.resample_chunk(pcm16_decode(data))
+        decode, upsample = (ulaw_decode if kind == "audio/pcmu" else alaw_decode), Upsampler()
+        return lambda data: upsample(decode(data))
+
+    def encoder(self):
+        """float32 at 24 kHz -> bytes of the client's format, streaming."""
+        kind, rate = self.audio_format["type"], self.audio_format.get("rate", SAMPLE_RATE)
+        if kind == "audio/pcm":
+            if rate == SAMPLE_RATE:
+                return pcm16_encode
+            stream = soxr.ResampleStream(SAMPLE_RATE, rate, 1, dtype="float32")
+            return lambda pcm: pcm16_encode(stream.resample_chunk(np.asarray(pcm, np.float32)))
+        encode, downsample = (ulaw_encode if kind == "audio/pcmu" else alaw_encode), Downsampler()
+        return lambda pcm: encode(downsample(pcm))
+
+    @property
+    def bytes_per_sample(self) -> int:
+        return 2 if self.audio_format["type"] == "audio/pcm" else 1
+
+
+def _profile(model: str | None, facts: LiveFacts) -> tuple[str, str | None]:
+    """The backend profile `responses.model` names: a profile's name, else a profile serving that
+    model; an unknown or missing name gets the server's default (and says which, when one was named)."""
+    if model in facts.profiles:
+        return model, None
+    for name, served in facts.profiles.items():
+        if served == model:
+            return name, None
+    return facts.default_profile, (model and facts.default_profile)

@@ -1,0 +1,367 @@
+"""OpenAI's GPT-Live protocol over one tandem session, as a state machine: no socket, no session,
+no clock of its own. Feed it the client's text frames (`on_client`), audio from a media track
+(`on_audio`, WebRTC), the session's events (`on_session`) and the time (`on_time`, when `wake_at`
+says); take the actions it asks for (`take`) and carry them out (`adapter.py`, `webrtc.py`).
+
+Delegation is the oracle: `responses` delegation is the planner with its LLM (each attempt a
+delegation, its progress as `response.event`); `client` delegation is the planner with the client
+as its LLM (`delegation.py`). docs/live.md has every event.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import collections
+import logging
+
+import numpy as np
+
+from kame.audio import FRAME_S, FRAME_SIZE, SAMPLE_RATE
+from kame.protocol import wire_event
+from kame.session_events import (
+    AssistantAudio,
+    AssistantText,
+    LLMAttempt,
+    SessionEvent,
+    SessionFailed,
+    Transcript,
+)
+from server.live import client_events as ce
+from server.live.actions import Action, Commentary, Delegate, Finish, PlannerCall, Play, Send, SessionCall
+from server.live.client_events import LiveError
+from server.live.config import LiveConfig, LiveFacts
+from server.live.delegation import new_id
+from server.live.stable_text import StableWords
+
+logger = logging.getLogger(__name__)
+
+SILENCE = np.zeros(FRAME_SIZE, dtype=np.float32)
+SILENCE_SLACK_S = 0.3  # the client's audio may lag the clock this much before silence is fed
+SILENCE_CATCH_UP = 3  # frames of silence fed at once at most after a stall
+MAX_CONTENT_TOKENS = 500  # of each commentary, thinking or instructions append
+MAX_DELEGATIONS = 256  # delegations remembered (their ids, their attempts)
+UNSUPPORTED = {
+    "session.output_audio.fixture.play": "audio fixtures are not supported by this server",
+    "decision.create": "Decisions are not supported by this server",
+    "decision.item.create": "Decisions are not supported by this server",
+    "decision.item.delete": "Decisions are not supported by this server",
+    "response.item.create": "client function tools of Responses delegation are not supported yet: "
+                            "the server's own tools run in the backend",
+    "response.create": "client function tools of Responses delegation are not supported yet",
+}
+
+
+def estimated_tokens(text: str) -> int:
+    """About how many tokens `text` is (English: ~4 characters or ~0.75 words a token)."""
+    return max(len(text) // 4, int(len(text.split()) / 0.75))
+
+
+class LiveOutbox:
+    """Numbered server events and the session calls, in the order they happen."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self._count = 0
+        self._actions: list[Action] = []
+
+    def emit(self, type_: str, droppable: bool = False, client_event_id: str | None = None, **fields) -> None:
+        self._count += 1
+        event = {"type": type_, "event_id": f"event_{self.session_id}_{self._count}", **fields}
+        if client_event_id is not None:
+            event["client_event_id"] = client_event_id
+        self._actions.append(Send(event, droppable))
+
+    def error(self, exc: LiveError) -> None:
+        error = {"type": exc.kind, "code": exc.code, "message": str(exc)}
+        if exc.param is not None:
+            error["param"] = exc.param
+        if exc.client_event_id is not None:
+            error["client_event_id"] = exc.client_event_id
+        self.emit("error", client_event_id=exc.client_event_id, error=error)
+
+    def call(self, action: Action) -> None:
+        self._actions.append(action)
+
+    def take(self) -> list[Action]:
+        actions, self._actions = self._actions, []
+        return actions
+
+
+class LiveMapping:
+    def __init__(self, facts: LiveFacts) -> None:
+        self.facts = facts
+        self.outbox = LiveOutbox(facts.session_id)
+        self.config: LiveConfig | None = None  # None until session.start
+        self.closed = False
+        self.muted = False
+        self._started_at = 0.0
+        self._pushed_s = 0.0  # the audio clock: the user's audio heard (the client's and fed silence)
+        self._decode = self._encode = None
+        self._words = StableWords()
+        self._transcript_ms = 0  # where the last input transcript delta ended
+        self._next_usage: float | None = None
+        # delegations by the planner's attempt epoch (responses) and the ids announced (both modes)
+        self._attempts: collections.OrderedDict[int, tuple[str, str]] = collections.OrderedDict()
+        self._delegations: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def take(self) -> list[Action]:
+        return self.outbox.take()
+
+    @property
+    def started(self) -> bool:
+        return self.config is not None
+
+    def audio_ms(self) -> int:
+        """Now on the session's timeline: the user's audio heard so far, in ms."""
+        return int(self._pushed_s * 1000)
+
+    def refuse(self, exc: Exception) -> None:
+        """A bad client event: the client is told; the session goes on."""
+        if not isinstance(exc, LiveError):
+            exc = LiveError(getattr(exc, "code", "invalid_request"), str(exc))
+        self.outbox.error(exc)
+
+    # ---------------------------------------------------------------- start and close
+
+    def start(self, session, now: float, event_id: str | None = None) -> None:
+        """`session.start` (WebSocket) or the WebRTC POST: the session begins (LiveError before
+        anything changed when the config cannot be served)."""
+        config = LiveConfig.start(session, self.facts, self.facts.transport)
+        self.config, self._started_at = config, now
+        self._decode, self._encode = config.decoder(), config.encoder()
+        self._next_usage = now + self.facts.usage_interval_s
+        self.outbox.call(SessionCall("configure", (config.backend, config.system_prompt(self.facts))))
+        if config.delegation == "client":
+            self.outbox.call(Delegate())
+        for role, text in config.history:
+            self.outbox.call(PlannerCall("add_context", ("context" if role == "developer" else role, text)))
+        self.outbox.emit("session.started", client_event_id=event_id, session=config.resource(self.facts))
+        if config.substituted:
+            self._substituted(config)
+
+    def _substituted(self, config: LiveConfig) -> None:
+        self.outbox.emit("info", code="delegation_model_substituted",
+                         message=f"No backend profile serves {config.responses.get('model')!r}; delegated "
+                                 f"work goes to the server's profile {config.substituted!r}.")
+
+    def close(self, reason: str, now: float, event_id: str | None = None) -> None:
+        """The session ends: `session.closed` with the reason, the final snapshot and the usage."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.started:
+            self.outbox.emit("session.closed", client_event_id=event_id, reason=reason,
+                             session=self.config.resource(self.facts), usage=self._usage(now))
+        self.outbox.call(Finish(1000, reason))
+
+    def _usage(self, now: float) -> dict:
+        return {"seconds": float(int(max(0.0, now - self._started_at)))}
+
+    # ---------------------------------------------------------------- the clock
+
+    def wake_at(self) -> float | None:
+        if not self.started or self.closed:
+            return None
+        return min(self._silence_at(), self._next_usage)
+
+    def on_time(self, now: float) -> None:
+        """Silence is fed when the client's audio falls behind the clock (the front-end hears time
+        pass, as a full-duplex model does); cumulative usage every `usage_interval_s`."""
+        if not self.started or self.closed:
+            return
+        if now >= self._silence_at():
+            due = int((now - self._silence_at()) / FRAME_S) + 1
+            self._pushed_s += due * FRAME_S
+            for _ in range(min(due, SILENCE_CATCH_UP)):  # silence nobody heard after a stall is skipped
+                self.outbox.call(SessionCall("push_pcm", (SILENCE,)))
+        if now >= self._next_usage:
+            self._next_usage = now + self.facts.usage_interval_s
+            self.outbox.emit("session.usage.updated", usage=self._usage(now))
+
+    def _silence_at(self) -> float:
+        return self._started_at + self._pushed_s + SILENCE_SLACK_S
+
+    # ---------------------------------------------------------------- the user's audio
+
+    def on_audio(self, pcm: np.ndarray) -> None:
+        """The user's audio, float32 at 24 kHz (decoded from an append, or from the media track)."""
+        if not self.started or self.closed or not len(pcm):
+            return
+        self.outbox.call(SessionCall("push_pcm", (np.zeros_like(pcm) if self.muted else pcm,)))
+        self._pushed_s += len(pcm) / SAMPLE_RATE
+
+    def _append(self, audio: str) -> None:
+        if self.facts.transport != "websocket":
+            raise LiveError("invalid_request", "Audio goes on the media track in a WebRTC session.", "type")
+        try:
+            data = base64.b64decode(audio, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise LiveError("invalid_audio", "'audio' is not valid base64.", "audio") from exc
+        if len(data) % self.config.bytes_per_sample:
+            raise LiveError("invalid_audio", "PCM16 audio is an even number of bytes.", "audio")
+        self.on_audio(self._decode(data))
+
+    # ---------------------------------------------------------------- the session's events
+
+    def on_session(self, event: SessionEvent, now: float) -> None:
+        if isinstance(event, SessionFailed):
+            self.outbox.error(LiveError(event.code, event.message, kind="server_error"))
+            self.close("connection_lost", now)
+            return
+        if not self.started or self.closed:
+            return
+        if isinstance(event, AssistantAudio):
+            if self.facts.transport == "websocket":
+                delta = base64.b64encode(self._encode(event.pcm)).decode()
+                self.outbox.emit("session.output_audio.delta", droppable=True, delta=delta)
+            else:
+                self.outbox.call(Play(event.pcm))
+        elif isinstance(event, AssistantText):
+            start = round(event.frame * FRAME_S * 1000)
+            self.outbox.emit("session.output_transcript.delta", delta=event.text, start_ms=start,
+                             end_ms=start + round(FRAME_S * 1000))
+        elif isinstance(event, Transcript):
+            self._transcript(event)
+        elif isinstance(event, LLMAttempt) and self.config.delegation == "responses":
+            self._attempt(event)
+        self._extension(event)
+
+    def _transcript(self, event: Transcript) -> None:
+        delta = self._words.final(event.text) if event.final else self._words.partial(event.text)
+        if not delta:
+            return
+        start = max(self._transcript_ms, round(event.start_s * 1000))
+        end = max(start, round(event.end_s * 1000))
+        self._transcript_ms = end
+        self.outbox.emit("session.input_transcript.delta", delta=delta, start_ms=start, end_ms=end)
+
+    def _attempt(self, event: LLMAttempt) -> None:
+        """A planner attempt of responses delegation: a delegation, its progress as `response.event`."""
+        if event.phase == "started":
+            delegation_id, response_id = new_id("deleg"), new_id("resp")
+            self.delegated(delegation_id, "responses", response_id)
+            self._attempts[event.epoch] = (delegation_id, response_id)
+            while len(self._attempts) > MAX_DELEGATIONS:
+                self._attempts.popitem(last=False)
+            self._response(event.epoch, "response.created", response=self._response_object(
+                event.epoch, "in_progress", event.backend))
+            return
+        if event.epoch not in self._attempts:
+            return
+        if event.phase == "first_token":
+            self._response(event.epoch, "response.in_progress",
+                           response=self._response_object(event.epoch, "in_progress", event.backend))
+        elif event.phase == "done":
+            if event.answer:  # the answer's words reach the front-end as oracle updates; here, in one piece
+                self._response(event.epoch, "response.output_text.delta", delta=event.answer, output_index=0,
+                               content_index=0)
+            self._response(event.epoch, "response.output_text.done", text=event.answer, output_index=0,
+                           content_index=0)
+            self._response(event.epoch, "response.completed", response=self._response_object(
+                event.epoch, "completed", event.backend, event.answer))
+        elif event.phase == "cancelled":
+            self._response(event.epoch, "response.incomplete", response={
+                **self._response_object(event.epoch, "incomplete", event.backend, event.answer),
+                "incomplete_details": {"reason": "superseded"}})
+        else:  # failed: the next attempt may still answer; the session goes on
+            self._response(event.epoch, "response.failed", response={
+                **self._response_object(event.epoch, "failed", event.backend),
+                "error": {"code": event.error_kind or "server_error", "message": event.error or "failed"}})
+
+    def _response_object(self, epoch: int, status: str, backend: str, text: str | None = None) -> dict:
+        response = {"id": self._attempts[epoch][1], "object": "response", "status": status,
+                    "model": self.config.responses.get("model") or backend}
+        if text is not None:
+            response["output"] = [{"type": "message", "role": "assistant", "status": "completed",
+                                   "content": [{"type": "output_text", "text": text}]}] if text else []
+        return response
+
+    def _response(self, epoch: int, kind: str, **fields) -> None:
+        self.outbox.emit("response.event", delegation_id=self._attempts[epoch][0], event={"type": kind, **fields})
+
+    def delegated(self, delegation_id: str, target: str = "client", response_id: str | None = None
+                  ) -> None:
+        """A delegation begins (a planner attempt): the client is told where on the timeline."""
+        self._delegations[delegation_id] = None
+        while len(self._delegations) > MAX_DELEGATIONS:
+            self._delegations.popitem(last=False)
+        delegation = {"id": delegation_id, "type": "delegation", "target": target}
+        if response_id is not None:
+            delegation["response_id"] = response_id
+        self.outbox.emit("session.delegation.created", offset_ms=self.audio_ms(), delegation=delegation)
+
+    def _extension(self, event: SessionEvent) -> None:
+        if self.facts.events and (wire := wire_event(event)) is not None:
+            self.outbox.emit(f"kame.{wire.type}", **wire.model_dump(exclude={"type"}))
+
+    # ---------------------------------------------------------------- the client's events
+
+    def on_client(self, text: str | None, now: float) -> None:
+        """One text frame of the client; LiveError for a bad one."""
+        event, event_id = ce.parse(text, self.facts.max_event_bytes)
+        try:
+            self._handle(event, event_id, now)
+        except LiveError as exc:
+            exc.client_event_id = event_id
+            raise
+
+    def _handle(self, event, event_id: str | None, now: float) -> None:
+        kind = event.type
+        if self.closed:
+            raise LiveError("session_closed", "The session is closing.")
+        if not self.started:
+            if kind != "session.start" or self.facts.transport != "websocket":
+                raise LiveError("session_not_started", "Send session.start first and wait for session.started.",
+                                "type")
+            self.start(event.session, now, event_id)
+            return
+        if kind in UNSUPPORTED:
+            raise LiveError("unsupported_event", f"{kind}: {UNSUPPORTED[kind]}.", "type")
+        match kind:
+            case "session.start":
+                raise LiveError("session_already_started", "The session has started already.", "type")
+            case "session.input_audio.append":
+                self._append(event.audio)
+            case "session.input_audio.mute" | "session.input_audio.unmute":
+                self.muted = kind.endswith(".mute")
+                self.outbox.emit(f"session.input_audio.{'muted' if self.muted else 'unmuted'}",
+                                 client_event_id=event_id)
+            case "session.update":
+                self._update(event.session, event_id)
+            case "session.commentary.append" | "session.thinking.append" | "session.instructions.append":
+                self._context(kind.split(".")[1], event.content, event.delegation_id, event_id)
+            case "session.close":
+                self.close("close_requested", now, event_id)
+
+    def _update(self, update, event_id: str | None) -> None:
+        old = self.config
+        self.config = old.updated(update, self.facts)
+        if (self.config.backend, self.config.responses) != (old.backend, old.responses):
+            self.outbox.call(SessionCall("configure", (self.config.backend, self.config.system_prompt(self.facts))))
+        self.outbox.emit("session.updated", client_event_id=event_id, session=self.config.resource(self.facts))
+        if self.config.substituted and self.config.responses != old.responses:
+            self._substituted(self.config)
+
+    def _context(self, kind: str, content: str, delegation_id: str | None, event_id: str | None) -> None:
+        """commentary (speakable), thinking (silent) or instructions, for a delegation or the session."""
+        if estimated_tokens(content) > MAX_CONTENT_TOKENS:
+            raise LiveError("string_above_max_length", f"content is limited to {MAX_CONTENT_TOKENS} tokens.",
+                            "content")
+        if delegation_id is not None:
+            if self.config.delegation == "responses":
+                raise LiveError("invalid_value", "delegation_id must be null with Responses delegation.",
+                                "delegation_id")
+            if delegation_id not in self._delegations:
+                raise LiveError("invalid_value", f"No delegation {delegation_id!r} in this session.",
+                                "delegation_id")
+        text = " ".join(content.split())
+        if kind == "instructions":
+            self.config = self.config.with_instructions(text)
+            self.outbox.call(SessionCall("configure", (None, self.config.system_prompt(self.facts))))
+        elif kind == "commentary" and self.config.delegation == "client" and text:
+            self.outbox.call(Commentary(delegation_id, text))
+        elif text:  # silent context; in responses delegation a commentary too: the LLM reads it
+            self.outbox.call(PlannerCall("add_context", ("context", text)))
+        at = self.audio_ms()
+        self.outbox.emit(f"session.{kind}.appended", client_event_id=event_id, start_ms=at, end_ms=at)
