@@ -46,6 +46,9 @@ def _tags(model: type[BaseModel]) -> tuple[str, ...]:
     return tuple(t for m in _members(field.annotation) if get_origin(m) is typing.Literal for t in get_args(m))
 
 
+# fields the protocol requires though the SDK's models default them ("Required, nullable")
+REQUIRED_NULLABLE = {kind: "delegation_id" for kind in
+                     ("session.commentary.append", "session.thinking.append", "session.instructions.append")}
 EVENT_MODELS: dict[str, type[BaseModel]] = {tag: model for model in _members(ClientEvent) for tag in _tags(model)}
 
 
@@ -104,6 +107,9 @@ def parse(text: str | None, limit_bytes: int) -> tuple[BaseModel, str | None]:
                         f"{', '.join(sorted(EVENT_MODELS))}.", "type", event_id)
     if (param := _unknown_in_model(model, raw, "")) is not None:
         raise LiveError("unknown_parameter", f"Unknown parameter: '{param}'.", param, event_id)
+    if (required := REQUIRED_NULLABLE.get(raw["type"])) is not None and required not in raw:
+        raise LiveError("missing_required_parameter", f"Missing required parameter: '{required}' (null for the "
+                        "session as a whole).", required, event_id)
     try:
         return model.model_validate(raw), event_id
     except ValidationError as exc:
