@@ -33,11 +33,11 @@ def sdk(url: str, key: str = "kame-test") -> AsyncOpenAI:
 
 
 class Events:
-    """Every server event of a connection, as JSON, read in the background; GA ones checked
-    against the SDK's own types."""
+    """Every server event of a connection, as JSON, read in the background; all but KAME's own
+    checked against the SDK's types (`schema`: the Realtime API's, or GPT-Live's)."""
 
-    def __init__(self, conn) -> None:
-        self.conn, self.got, self.arrived = conn, [], []
+    def __init__(self, conn, schema: TypeAdapter = SERVER_EVENT) -> None:
+        self.conn, self.schema, self.got, self.arrived = conn, schema, [], []
         self._new = asyncio.Event()
         self._task = asyncio.ensure_future(self._read())
 
@@ -45,7 +45,7 @@ class Events:
         while True:
             raw = json.loads(await self.conn.recv_bytes())
             if not raw["type"].startswith("kame."):
-                SERVER_EVENT.validate_python(raw)  # the SDK's models accept it as it is
+                self.schema.validate_python(raw)  # the SDK's models accept it as it is
             self.got.append(raw)
             self.arrived.append(time.monotonic())
             self._new.set()
