@@ -41,6 +41,10 @@ class Metrics:
         self.active_sessions = Gauge("kame_active_sessions", "sessions connected now", registry=r)
         self.free_slots = Gauge("kame_free_slots", "engine slots free now", registry=r)
         self.sessions_total = Counter("kame_sessions_total", "sessions started", registry=r)
+        self.transport_sessions = Counter("kame_transport_sessions_total", "sessions started by transport (moshi, "
+                                          "realtime, live, live-webrtc)", ["transport"], registry=r)
+        self.delegations = Counter("kame_live_delegations_total", "GPT-Live delegations by target (responses, "
+                                   "client)", ["target"], registry=r)
         self.sessions_refused = Counter("kame_sessions_refused_total", "connections refused (no slot)", registry=r)
         self.frames_stepped = Counter("kame_frames_stepped_total", "session-frames stepped by the engine",
                                       registry=r)

@@ -91,6 +91,7 @@ class SocketSession:
     async def run(self, tandem: TandemSession) -> None:
         metrics = self.services.metrics
         metrics.sessions_total.inc()
+        metrics.transport_sessions.labels(self.transport).inc()
         metrics.active_sessions.inc()
         try:
             await self._greet(tandem)

@@ -41,7 +41,9 @@ def said(events: Events, kind: str) -> list[str]:
 
 
 def test_responses_delegation_the_planner_answers_as_delegations(tandem_server, voices):
-    url, _ = tandem_server
+    url, services = tandem_server
+    delegations = services.metrics.delegations.labels("responses")
+    before = delegations._value.get()
 
     async def go():
         async with sdk(url).live.connect() as conn:
@@ -72,6 +74,8 @@ def test_responses_delegation_the_planner_answers_as_delegations(tandem_server, 
     assert len(events.of("session.output_audio.delta")) > 20  # the front-end speaks continuously
     assert closed["reason"] == "close_requested" and closed["client_event_id"] == "bye"
     assert not [e for e in events.got if e["type"].startswith("kame.") or e["type"] == "error"]
+    assert delegations._value.get() - before == len(created)  # kame_live_delegations_total{target="responses"}
+    assert b'kame_transport_sessions_total{transport="live"}' in services.metrics.render()
 
 
 def test_client_delegation_the_front_end_says_the_clients_commentary(tandem_server, voices):

@@ -44,9 +44,9 @@ class LiveCarrier:
     takes the server events, `play` the assistant's audio where a media track carries it."""
 
     def __init__(self, mapping: LiveMapping, tandem: TandemSession, clock: Clock, send, play=None,
-                 record=None) -> None:
+                 record=None, metrics=None) -> None:
         self.mapping, self.tandem, self.clock = mapping, tandem, clock
-        self._send, self._play, self._record = send, play, record
+        self._send, self._play, self._record, self._metrics = send, play, record, metrics
         self.backend: ClientBackend | None = None
         self.timer = DeadlineTimer(clock, mapping.wake_at, self._on_time, f"live session {mapping.facts.session_id}")
 
@@ -63,6 +63,8 @@ class LiveCarrier:
                 case act.Send(event=event, droppable=droppable):
                     if self._record is not None and not droppable:
                         self._record({"live": event})
+                    if self._metrics is not None and event["type"] == "session.delegation.created":
+                        self._metrics.delegations.labels(event["delegation"]["target"]).inc()
                     self._send(event, droppable)
                 case act.SessionCall(method=method, args=args):
                     getattr(tandem, method)(*args)
@@ -106,7 +108,8 @@ class LiveSession(SocketSession):
         """Nothing is sent before the client's session.start."""
         self.mapping = LiveMapping(live_facts(self.id, self.services, tandem, "websocket", self.events))
         record = self._recorder.write_event if self._recorder is not None else None
-        self.carrier = LiveCarrier(self.mapping, tandem, self.clock, self._enqueue, record=record)
+        self.carrier = LiveCarrier(self.mapping, tandem, self.clock, self._enqueue, record=record,
+                                   metrics=self.services.metrics)
 
     def _enqueue(self, event: dict, droppable: bool) -> None:
         self._send.put(json.dumps(event), droppable=droppable)
