@@ -1,4 +1,5 @@
-"""Who may open a session: bearer tokens (constant-time), browser origins, connections per IP."""
+"""Who may open a session: bearer tokens (constant-time), browser origins, connections per IP.
+A connection is a websocket or, for WebRTC, the POST with the offer (both `HTTPConnection`s)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import hmac
 from collections import Counter
 from dataclasses import dataclass
 
-from starlette.websockets import WebSocket
+from starlette.requests import HTTPConnection
 
 from server.settings import ServerSettings
 
@@ -27,7 +28,7 @@ class AccessControl:
         self._per_ip = settings.max_connections_per_ip
         self.connections: Counter[str] = Counter()
 
-    def admit(self, ws: WebSocket) -> Refusal | None:
+    def admit(self, ws: HTTPConnection) -> Refusal | None:
         """Check the connection and, if it may enter, count it at once (no await between check and
         count, so concurrent connections cannot pass the per-address limit); `leave` when it ends."""
         refusal = self.check(ws)
@@ -35,7 +36,7 @@ class AccessControl:
             self.connections[_ip(ws)] += 1
         return refusal
 
-    def check(self, ws: WebSocket) -> Refusal | None:
+    def check(self, ws: HTTPConnection) -> Refusal | None:
         if self._tokens and not self._token_ok(ws):
             return Refusal(401, 1008, "a valid token is required (Authorization: Bearer TOKEN, or ?token=TOKEN)")
         origin = ws.headers.get("origin")
@@ -45,7 +46,7 @@ class AccessControl:
             return Refusal(429, 1013, f"at most {self._per_ip} sessions per address")
         return None
 
-    def _token_ok(self, ws: WebSocket) -> bool:
+    def _token_ok(self, ws: HTTPConnection) -> bool:
         """Bearer header, ?token=, or the Realtime browser clients' `openai-insecure-api-key.TOKEN` subprotocol."""
         header = ws.headers.get("authorization", "")
         given = header[7:] if header.lower().startswith("bearer ") else ws.query_params.get("token", "")
@@ -58,17 +59,21 @@ class AccessControl:
             matched |= hmac.compare_digest(given_bytes, token)
         return matched
 
+    def origin_allowed(self, origin: str, host: str) -> bool:
+        """A browser page on `origin` may connect (CORS answers for it)."""
+        return self._origin_ok(origin, host)
+
     def _origin_ok(self, origin: str, host: str) -> bool:
         if "*" in self._origins or origin in self._origins:
             return True
         return not self._origins and origin in (f"http://{host}", f"https://{host}")
 
-    def leave(self, ws: WebSocket) -> None:
+    def leave(self, ws: HTTPConnection) -> None:
         ip = _ip(ws)
         self.connections[ip] -= 1
         if self.connections[ip] <= 0:
             del self.connections[ip]
 
 
-def _ip(ws: WebSocket) -> str:
+def _ip(ws: HTTPConnection) -> str:
     return ws.client.host if ws.client else "unknown"

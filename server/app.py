@@ -1,5 +1,5 @@
-"""The FastAPI application: /api/chat, /v1/realtime and /v1/live/sessions (websockets), /healthz,
-/metrics, and the browser page at /."""
+"""The FastAPI application: /api/chat, /v1/realtime and /v1/live/sessions (websockets; a POST there
+starts a WebRTC Live session), /healthz, /metrics, and the browser page at /."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import uvicorn
-from fastapi import FastAPI, WebSocket
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -23,6 +23,7 @@ from kame.protocol import ProtocolError
 from kame.runtime import log_index_stats
 from server.access import AccessControl, Refusal
 from server.codec_process import CodecPool
+from server.live import webrtc
 from server.live.adapter import LiveSession
 from server.realtime import RealtimeSession
 from server.services import Services
@@ -201,6 +202,16 @@ def create_app(settings: ServerSettings, services: Services | None = None,
         events = ws.query_params.get("kame_events", "").lower() in ("1", "true")
         await run_session(ws, services, access, app.state.sessions, app.state.draining,
                           lambda: LiveSession(ws, services, events))
+
+    # ---- GPT-Live over WebRTC: the POST with the SDP offer starts the session (server/live/webrtc.py)
+
+    @app.post("/v1/live/sessions")
+    async def live_webrtc(request: Request) -> Response:
+        return await webrtc.create(request, app.state.services, access, app.state.sessions, app.state.draining)
+
+    @app.options("/v1/live/sessions")
+    async def live_webrtc_preflight(request: Request) -> Response:
+        return Response(status_code=204, headers=webrtc.cors_headers(request, access, preflight=True))
 
     if (WEB_ROOT / "index.html").is_file():  # the browser page, after the routes above
         app.mount("/", StaticFiles(directory=WEB_ROOT, html=True), name="web")

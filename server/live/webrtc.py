@@ -1,0 +1,383 @@
+"""The WebRTC side of `/v1/live/sessions`: a POST with the client's SDP offer starts a Live session
+on one aiortc peer connection; the `oai-events` data channel carries the Live events both ways and
+one sendrecv Opus track the audio (48 kHz on the wire, 24 kHz in the session).
+
+Only frames move here: the mapping, `LiveCarrier` and the session's tasks, limits and closing are
+the WebSocket adapter's (`adapter.LiveSession`), with the data channel in place of the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import fractions
+import json
+import logging
+
+import av
+import numpy as np
+import soxr
+from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+from openai.types.live import SessionConfig
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from kame.audio import SAMPLE_RATE
+from kame.clock import Clock
+from kame.errors import EngineError, SessionError
+from kame.protocol import ProtocolError
+from kame.session import TandemSession
+from server.access import AccessControl, Refusal
+from server.live.adapter import LiveCarrier, LiveSession, live_facts
+from server.live.client_events import LiveError, invalid, unknown_parameter
+from server.live.mapping import LiveMapping
+from server.services import Services
+from server.transport import Disconnected, Limit, _Flood
+
+logger = logging.getLogger(__name__)
+
+EVENTS_LABEL = "oai-events"  # the data channel the client creates
+WIRE_RATE = 48000  # Opus
+PTIME_SAMPLES = 960  # 20 ms at 48 kHz: one RTP packet
+MAX_QUEUED_S = 2.0  # the assistant's audio queued for the track beyond this: the oldest is dropped
+MEDIA_ONLY = ("idle_timeout_s", "wake_policy")  # WebRTC's additions to SessionConfig (accepted, not acted on)
+WAKE_POLICY_KEYS = {"type", "vad_threshold"}
+SENT_GRACE_S = 0.1  # after SCTP took the last message, before the peer connection closes (unacked)
+
+
+class AssistantTrack(MediaStreamTrack):
+    """The assistant's voice: the mapping's 24 kHz frames (`play`), sent as 20 ms frames at 48 kHz
+    at real-time pace; silence when nothing is queued."""
+
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._upsample = soxr.ResampleStream(SAMPLE_RATE, WIRE_RATE, 1, dtype="float32")
+        self._queued: collections.deque[np.ndarray] = collections.deque()
+        self._samples = 0
+        self._start: float | None = None
+        self._pts = 0
+        self.dropped_samples = 0
+
+    def play(self, pcm: np.ndarray) -> None:
+        chunk = self._upsample.resample_chunk(np.asarray(pcm, np.float32))
+        self._queued.append(chunk)
+        self._samples += len(chunk)
+        while self._samples > MAX_QUEUED_S * WIRE_RATE:  # the peer's clock runs slow: keep it live
+            old = self._queued.popleft()
+            self._samples -= len(old)
+            self.dropped_samples += len(old)
+
+    def _take(self, count: int) -> np.ndarray:
+        out = np.zeros(count, np.float32)
+        filled = 0
+        while filled < count and self._queued:
+            chunk = self._queued[0]
+            n = min(count - filled, len(chunk))
+            out[filled:filled + n] = chunk[:n]
+            if n == len(chunk):
+                self._queued.popleft()
+            else:
+                self._queued[0] = chunk[n:]
+            filled += n
+        self._samples -= filled
+        return out
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        loop = asyncio.get_running_loop()
+        if self._start is None:
+            self._start = loop.time()
+        else:  # an absolute schedule: no drift
+            self._pts += PTIME_SAMPLES
+            await asyncio.sleep(self._start + self._pts / WIRE_RATE - loop.time())
+        pcm16 = (np.clip(self._take(PTIME_SAMPLES), -1.0, 1.0) * 32767).astype(np.int16)
+        frame = av.AudioFrame.from_ndarray(pcm16.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate, frame.pts, frame.time_base = WIRE_RATE, self._pts, fractions.Fraction(1, WIRE_RATE)
+        return frame
+
+
+class WebRTCSession(LiveSession):
+    """One Live session on one peer connection; `answer` starts it, `run` serves it until the peer
+    goes, `session.close` or a limit."""
+
+    transport = "live-webrtc"
+
+    def __init__(self, services: Services, config: SessionConfig, events: bool = False,
+                 clock: Clock | None = None) -> None:
+        super().__init__(None, services, events, clock)
+        self.config = config
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # host candidates: no STUN round trip
+        self.track = AssistantTrack()
+        self._inbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()  # None: the peer has gone
+        self._channel = None
+        self._channel_open = asyncio.Event()
+        self._remote: MediaStreamTrack | None = None
+        self.task: asyncio.Task | None = None  # `run`, started by the POST
+        self.answer_sdp = ""
+
+    async def answer(self, offer: str, tandem: TandemSession) -> str:
+        """Start the session (LiveError) and answer the client's offer (LiveError for a bad one)."""
+        self.mapping = LiveMapping(live_facts(self.id, self.services, tandem, "webrtc", self.events))
+        record = self._recorder.write_event if self._recorder is not None else None
+        self.carrier = LiveCarrier(self.mapping, tandem, self.clock, self._enqueue, self.track.play, record)
+        self.mapping.start(self.config, self.clock.now())
+        self.carrier.carry_out()
+        self.pc.on("datachannel", self._on_channel)
+        self.pc.on("track", self._on_track)
+        self.pc.on("connectionstatechange", self._on_state)
+        try:
+            await self.pc.setRemoteDescription(RTCSessionDescription(offer, "offer"))
+        except (ValueError, KeyError, IndexError) as exc:
+            raise LiveError("invalid_sdp", f"The SDP offer cannot be read: {exc}", "transport.sdp") from exc
+        kinds = {t.kind for t in self.pc.getTransceivers()}
+        if "audio" not in kinds or self.pc.sctp is None:
+            raise LiveError("invalid_sdp", "The offer needs one audio track and a data channel.", "transport.sdp")
+        self.pc.addTrack(self.track)
+        await self.pc.setLocalDescription(await self.pc.createAnswer())
+        return self.pc.localDescription.sdp
+
+    async def abandon(self, tandem: TandemSession) -> None:
+        """The POST failed after the slot was taken: give everything back."""
+        await tandem.aclose()
+        await self.pc.close()
+        await self.discard_recording()
+
+    async def run(self, tandem: TandemSession) -> None:
+        try:
+            await super().run(tandem)
+        finally:
+            await self.pc.close()
+
+    # ---------------------------------------------------------------- the peer connection's events
+
+    def _on_channel(self, channel) -> None:
+        if channel.label != EVENTS_LABEL or self._channel is not None:
+            logger.info("session %s: data channel %r ignored", self.id, channel.label)
+            return
+        self._channel = channel
+        channel.on("message", self._inbox.put_nowait)
+        channel.on("close", lambda: self._inbox.put_nowait(None))
+        if channel.readyState == "open":
+            self._channel_open.set()
+        else:
+            channel.on("open", self._channel_open.set)
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio" and self._remote is None:
+            self._remote = track
+
+    def _on_state(self) -> None:
+        if self.pc.connectionState in ("failed", "closed"):
+            self._inbox.put_nowait(None)
+
+    # ---------------------------------------------------------------- LiveSession's hooks, over WebRTC
+
+    async def _greet(self, tandem: TandemSession) -> None:
+        """The mapping started with the POST (`answer`); session.started waits for the channel."""
+
+    def _extra_tasks(self, tandem: TandemSession) -> list:
+        return [*super()._extra_tasks(tandem), self._listen()]
+
+    async def _receive(self, tandem: TandemSession) -> None:
+        flood = _Flood(self.settings.max_messages_per_s)
+        while (message := await self._inbox.get()) is not None:
+            if flood.over():
+                raise Limit(1008, f"more than {self.settings.max_messages_per_s:.0f} messages/s for 5 s")
+            try:
+                await self._on_message({"text": message} if isinstance(message, str) else {"bytes": message},
+                                       tandem)
+            except (ProtocolError, SessionError) as exc:
+                self.services.metrics.protocol_errors.inc()
+                self._bad_message(exc)
+        raise Disconnected
+
+    async def _listen(self) -> None:
+        """The user's audio: Opus frames from the track, as 24 kHz mono float32 for the mapping."""
+        if self._remote is None:
+            return
+        resample = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+        while True:
+            try:
+                frame = await self._remote.recv()
+            except MediaStreamError as exc:
+                raise Disconnected from exc
+            for out in resample.resample(frame):
+                self.mapping.on_audio(out.to_ndarray().reshape(-1))
+            self.carrier.carry_out()
+
+    async def _sender(self) -> None:
+        try:
+            async with asyncio.timeout(self.settings.idle_timeout_s):
+                await self._channel_open.wait()
+        except TimeoutError as exc:
+            raise Limit(1001, f"no data channel {EVENTS_LABEL!r} after {self.settings.idle_timeout_s:.0f} s") from exc
+        while True:
+            await self._send_now(await self._send.get())
+
+    async def _send_now(self, message: bytes | str) -> None:
+        if self._channel.readyState != "open":
+            raise Disconnected
+        self._channel.send(message)
+
+    async def _flush_then_close(self, code: int, reason: str, limit_s: float = 1.0) -> None:
+        """What is queued (session.closed above all) goes out before the peer connection closes."""
+        channel = self._channel
+        if channel is not None and channel.readyState == "open":
+            while len(self._send):
+                channel.send(self._send.get_nowait())
+            sent = asyncio.Event()
+            if channel.bufferedAmount:
+                channel.once("bufferedamountlow", sent.set)  # fired as the amount reaches 0
+            else:
+                sent.set()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(limit_s):
+                    await sent.wait()
+                    await asyncio.sleep(SENT_GRACE_S)
+        await self._close(code, reason)
+
+    async def _close(self, code: int, reason: str) -> None:
+        logger.info("session %s: closing the peer connection (%d %s)", self.id, code, reason)
+        await self.pc.close()
+
+
+# -------------------------------------------------------------------- the POST's body
+
+
+def parse_offer(raw: object) -> tuple[SessionConfig, str]:
+    """`{session, transport: {type: "webrtc", sdp}}` -> (the session's config, the SDP offer);
+    LiveError naming the parameter at fault (unknown fields are refused, as on the WebSocket)."""
+    if not isinstance(raw, dict):
+        raise LiveError("invalid_request", "The body is a JSON object: {session, transport}.")
+    for key in raw:
+        if key not in ("session", "transport"):
+            raise LiveError("unknown_parameter", f"Unknown parameter: '{key}'.", key)
+    transport, session = raw.get("transport"), raw.get("session")
+    if not isinstance(transport, dict) or not isinstance(transport.get("sdp"), str):
+        raise LiveError("missing_required_parameter", "Missing required parameter: 'transport.sdp'.", "transport.sdp")
+    if transport.get("type") != "webrtc":
+        raise LiveError("invalid_value", "transport.type must be 'webrtc'.", "transport.type")
+    if (extra := set(transport) - {"type", "sdp"}):
+        param = f"transport.{sorted(extra)[0]}"
+        raise LiveError("unknown_parameter", f"Unknown parameter: '{param}'.", param)
+    if not isinstance(session, dict):
+        raise LiveError("missing_required_parameter", "Missing required parameter: 'session'.", "session")
+    _check_media_only(session)
+    common = {key: value for key, value in session.items() if key not in MEDIA_ONLY}
+    if (param := unknown_parameter(SessionConfig, common, "session")) is not None:
+        raise LiveError("unknown_parameter", f"Unknown parameter: '{param}'.", param)
+    try:
+        return SessionConfig.model_validate(common), transport["sdp"]
+    except ValidationError as exc:
+        raise invalid(exc, prefix="session.") from None
+
+
+def _check_media_only(session: dict) -> None:
+    timeout = session.get("idle_timeout_s")
+    if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0):
+        raise LiveError("invalid_value", "idle_timeout_s is a positive integer.", "session.idle_timeout_s")
+    wake = session.get("wake_policy")
+    if wake is None:
+        return
+    if not isinstance(wake, dict) or wake.get("type") != "speech":
+        raise LiveError("invalid_value", "wake_policy.type must be 'speech'.", "session.wake_policy.type")
+    if (extra := set(wake) - WAKE_POLICY_KEYS):
+        param = f"session.wake_policy.{sorted(extra)[0]}"
+        raise LiveError("unknown_parameter", f"Unknown parameter: '{param}'.", param)
+
+
+async def read_body(request: Request, limit_bytes: int) -> object:
+    """The POST's JSON, read no further than `limit_bytes` (LiveError)."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit_bytes:
+            raise LiveError("request_too_large", f"The body exceeds {limit_bytes} bytes.")
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise LiveError("invalid_json", f"The body is not valid JSON: {exc}") from exc
+
+
+# -------------------------------------------------------------------- the POST
+
+
+REFUSAL_CODES = {401: ("invalid_request_error", "invalid_api_key"),
+                 403: ("invalid_request_error", "origin_not_allowed"),
+                 429: ("rate_limit_error", "too_many_sessions"), 503: ("server_error", "server_busy")}
+
+
+def error_response(status: int, kind: str, code: str, message: str, param: str | None = None,
+                   headers: dict | None = None) -> JSONResponse:
+    """An OpenAI-style error body."""
+    return JSONResponse({"error": {"type": kind, "code": code, "message": message, "param": param}},
+                        status_code=status, headers=headers)
+
+
+def cors_headers(request: Request, access: AccessControl, preflight: bool = False) -> dict[str, str]:
+    """CORS for a browser on an allowed origin (a page elsewhere than this server POSTs its offer)."""
+    origin = request.headers.get("origin")
+    if origin is None or not access.origin_allowed(origin, request.headers.get("host", "")):
+        return {}
+    headers = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+    if preflight:
+        headers |= {"Access-Control-Allow-Methods": "POST, OPTIONS", "Access-Control-Max-Age": "600",
+                    "Access-Control-Allow-Headers": "authorization, content-type"}
+    return headers
+
+
+async def create(request: Request, services: Services, access: AccessControl, sessions: set,
+                 draining: bool) -> JSONResponse:
+    """`POST /v1/live/sessions`: admit, parse, take a slot, answer; the session then runs as a task
+    (in `sessions`, so the server's drain reaches it)."""
+    cors = cors_headers(request, access)
+    refusal = Refusal(503, 1001, "the server is shutting down") if draining else access.admit(request)
+    if refusal is not None:
+        services.metrics.sessions_refused.inc()
+        return error_response(refusal.status, *REFUSAL_CODES.get(refusal.status, ("invalid_request_error", "refused")),
+                              refusal.reason, headers=cors)
+    try:
+        session = await _start(request, services)
+    except LiveError as exc:
+        access.leave(request)
+        return error_response(400, exc.kind, exc.code, str(exc), exc.param, cors)
+    except EngineError as exc:  # SlotsBusy, or a runner that is stopping
+        access.leave(request)
+        services.metrics.sessions_refused.inc()
+        return error_response(503, "server_error", "server_busy", str(exc), headers=cors)
+    except BaseException:
+        access.leave(request)
+        raise
+    sessions.add(session)
+    session.task.add_done_callback(lambda _: (sessions.discard(session), access.leave(request)))
+    body = {"session": session.mapping.config.resource(session.mapping.facts),
+            "transport": {"type": "webrtc", "sdp": session.answer_sdp}}
+    return JSONResponse(body, headers=cors)
+
+
+async def _start(request: Request, services: Services) -> WebRTCSession:
+    settings = services.settings
+    config, offer = parse_offer(await read_body(request, settings.max_message_bytes * 4 // 3 + 4096))
+    events = request.query_params.get("kame_events", "").lower() in ("1", "true")
+    session = WebRTCSession(services, config, events)
+    try:
+        tandem = await session.open()
+    except SessionError as exc:
+        await session.pc.close()
+        raise LiveError("invalid_request", str(exc)) from exc
+    except BaseException:
+        await session.pc.close()
+        raise
+    try:
+        session.answer_sdp = await session.answer(offer, tandem)
+    except BaseException:
+        await session.abandon(tandem)
+        raise
+    session.task = asyncio.get_running_loop().create_task(session.run(tandem), name=f"live-webrtc-{session.id}")
+    return session

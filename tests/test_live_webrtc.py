@@ -1,0 +1,246 @@
+"""GPT-Live over WebRTC end to end: an aiortc peer connection (the client) POSTs its offer to the
+real server on loopback, speaks on its audio track and talks Live events on `oai-events`; and the
+POST's refusals. Every server event is checked against the openai SDK's `ServerEvent`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fractions
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+import av
+import numpy as np
+import pytest
+import soxr
+from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+from openai.types.live import ServerEvent
+from pydantic import TypeAdapter
+
+from .conftest import words
+from .server_harness import running_server, wait_until_all_slots_free
+
+LIVE_EVENT = TypeAdapter(ServerEvent)
+COMMENTARY = "Zebras sing in Oslo."  # words the scripted LLM never says: only the client's commentary has them
+RATE = 48000
+PTIME = 960
+
+
+class SpeakingTrack(MediaStreamTrack):
+    """The user's microphone: `pcm` (24 kHz) at 48 kHz, 20 ms frames at real-time pace, then silence."""
+
+    kind = "audio"
+
+    def __init__(self, pcm: np.ndarray) -> None:
+        super().__init__()
+        self.pcm = soxr.resample(pcm, 24000, RATE).astype(np.float32)
+        self.pts, self.start = 0, None
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        loop = asyncio.get_running_loop()
+        if self.start is None:
+            self.start = loop.time()
+        else:
+            self.pts += PTIME
+            await asyncio.sleep(self.start + self.pts / RATE - loop.time())
+        chunk = np.zeros(PTIME, np.float32)
+        part = self.pcm[self.pts:self.pts + PTIME]
+        chunk[:len(part)] = part
+        frame = av.AudioFrame.from_ndarray((chunk * 32767).astype(np.int16).reshape(1, -1), format="s16",
+                                           layout="mono")
+        frame.sample_rate, frame.pts, frame.time_base = RATE, self.pts, fractions.Fraction(1, RATE)
+        return frame
+
+
+class Peer:
+    """The client's side: a peer connection with `oai-events`, one sendrecv audio track; the events
+    and the audio frames it received."""
+
+    def __init__(self, pcm: np.ndarray) -> None:
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.channel = self.pc.createDataChannel("oai-events")
+        self.events: list[dict] = []
+        self.frames: list[np.ndarray] = []
+        self._new = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self.channel.on("message", self._on_message)
+        self.pc.on("track", lambda track: self._tasks.append(asyncio.ensure_future(self._listen(track))))
+        self.pc.addTrack(SpeakingTrack(pcm))
+
+    def _on_message(self, message: str) -> None:
+        event = json.loads(message)
+        LIVE_EVENT.validate_python(event)  # the SDK's models accept it as it is
+        self.events.append(event)
+        self._new.set()
+
+    async def _listen(self, track) -> None:
+        with contextlib.suppress(MediaStreamError):
+            while True:
+                frame = await track.recv()
+                self.frames.append(frame.to_ndarray().reshape(-1))
+
+    async def offer(self) -> str:
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        return self.pc.localDescription.sdp
+
+    async def answer(self, sdp: str) -> None:
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp, "answer"))
+
+    def send(self, event: dict) -> None:
+        self.channel.send(json.dumps(event))
+
+    def of(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e["type"] == kind]
+
+    def said(self, kind: str) -> list[str]:
+        return words("".join(e["delta"] for e in self.of(kind)))
+
+    async def wait_for(self, predicate, limit_s: float, what: str) -> None:
+        deadline = time.monotonic() + limit_s
+        while not predicate():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no {what} within {limit_s} s; got {[e['type'] for e in self.events]}")
+            self._new.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._new.wait(), remaining)
+
+    async def close(self) -> None:
+        await self.pc.close()
+        for task in self._tasks:
+            task.cancel()
+
+
+def http(url: str) -> str:
+    return url.replace("ws://", "http://") + "/v1/live/sessions"
+
+
+@dataclass
+class Reply:
+    status_code: int
+    headers: dict[str, str]
+    text: str
+
+    def json(self):
+        return json.loads(self.text)
+
+
+async def request(url: str, method: str = "POST", body: object = None, headers: dict | None = None) -> Reply:
+    """One HTTP request to the Live endpoint (urllib, in a thread); errors are replies too."""
+    data = body.encode() if isinstance(body, str) else None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(http(url), data=data, method=method,
+                                 headers={"content-type": "application/json"} | (headers or {}))
+
+    def send() -> Reply:
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return Reply(resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read().decode())
+        except urllib.error.HTTPError as exc:
+            return Reply(exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read().decode())
+
+    return await asyncio.to_thread(send)
+
+
+@pytest.mark.slow
+def test_a_spoken_question_over_webrtc_with_client_delegation(tandem_server, voices):
+    url, services = tandem_server
+    question = np.concatenate([np.zeros(12000, np.float32), voices["france"], np.zeros(24000 * 3, np.float32)])
+
+    async def go():
+        peer = Peer(question)
+        try:
+            reply = await request(url, body={
+                "session": {"model": "gpt-live-1", "delegation": {"type": "client"}},
+                "transport": {"type": "webrtc", "sdp": await peer.offer()}})
+            assert reply.status_code == 200, reply.text
+            body = reply.json()
+            await peer.answer(body["transport"]["sdp"])
+            await peer.wait_for(lambda: peer.events, 15, "a first event")
+            delegation = None
+            await peer.wait_for(lambda: peer.of("session.delegation.created"), 25, "a delegation")
+            for delegation in peer.of("session.delegation.created"):
+                peer.send({"type": "session.commentary.append", "event_id": delegation["event_id"],
+                           "delegation_id": delegation["delegation"]["id"], "content": COMMENTARY})
+            await peer.wait_for(lambda: "zebras" in peer.said("session.output_transcript.delta"), 20,
+                                "the commentary in the output transcript")
+            await peer.wait_for(lambda: set(words("capital france")) <= set(peer.said(
+                "session.input_transcript.delta")), 15, "the question in the input transcript")
+            peer.send({"type": "session.close", "event_id": "bye"})
+            await peer.wait_for(lambda: peer.of("session.closed"), 10, "session.closed")
+            await asyncio.sleep(0.5)  # the server closes its side
+            return body, peer
+        finally:
+            await peer.close()
+
+    body, peer = asyncio.run(go())
+    assert body["session"]["id"] and body["transport"]["type"] == "webrtc"
+    assert body["transport"]["sdp"].startswith("v=0") and "opus/48000" in body["transport"]["sdp"].lower()
+    assert peer.events[0]["type"] == "session.started"
+    assert peer.events[0]["session"]["id"] == body["session"]["id"]
+    assert "format" not in peer.events[0]["session"]["audio"]
+    assert not peer.of("session.output_audio.delta") and not peer.of("error"), peer.of("error")
+    assert peer.of("session.commentary.appended")
+    assert peer.of("session.closed")[0]["reason"] == "close_requested"
+    audio = np.concatenate(peer.frames)
+    assert len(audio) > 48000 * 2  # seconds of the assistant's track (its silence included)
+    assert np.abs(audio).max() > 0  # and not only silence: the front-end spoke
+    wait_until_all_slots_free(services, 15)  # the session ended with the peer connection: its slot is back
+
+
+@pytest.fixture(scope="module")
+def guarded_server():
+    """A server with a token, one allowed origin and no ASR (the POST's refusals need no session to run)."""
+    with running_server(auth_tokens=["secret"], allowed_origins=["https://app.example"], max_sessions=1) as (
+            url, services):
+        yield url, services
+
+
+async def _post(url: str, body, token: str | None = "secret") -> Reply:
+    return await request(url, body=body, headers={"Authorization": f"Bearer {token}"} if token else {})
+
+
+def test_the_post_refuses_bad_requests_with_openai_errors(guarded_server):
+    url, _ = guarded_server
+    offer = {"type": "webrtc", "sdp": "v=0\r\n"}
+
+    async def go():
+        return (await _post(url, {"session": {"model": "gpt-live-1"}, "transport": offer}, token=None),
+                await _post(url, "{not json"),
+                await _post(url, {"session": {"model": "gpt-live-1", "colour": "red"}, "transport": offer}),
+                await _post(url, {"session": {"model": "gpt-live-1", "audio": {"output": {"pitch": 3}}},
+                                  "transport": offer}),
+                await _post(url, {"session": {"model": "gpt-live-1"}, "transport": {"type": "sip", "sdp": ""}}),
+                await _post(url, {"session": {}, "transport": offer}),
+                await _post(url, {"session": {"model": "gpt-live-1"}, "transport": offer}))
+
+    no_auth, bad_json, unknown, nested, transport, missing, bad_sdp = asyncio.run(go())
+    assert no_auth.status_code == 401 and no_auth.json()["error"]["code"] == "invalid_api_key"
+    assert bad_json.status_code == 400 and bad_json.json()["error"]["code"] == "invalid_json"
+    for reply, param in ((unknown, "session.colour"), (nested, "session.audio.output.pitch")):
+        assert reply.status_code == 400
+        assert reply.json()["error"] == {"type": "invalid_request_error", "code": "unknown_parameter",
+                                         "message": f"Unknown parameter: '{param}'.", "param": param}
+    assert transport.status_code == 400 and transport.json()["error"]["param"] == "transport.type"
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "session.model"
+    assert bad_sdp.status_code == 400 and bad_sdp.json()["error"]["param"] == "transport.sdp"
+
+
+def test_cors_preflight_answers_allowed_origins_only(guarded_server):
+    url, _ = guarded_server
+
+    async def go():
+        preflight = {"Access-Control-Request-Method": "POST"}
+        return (await request(url, "OPTIONS", headers=preflight | {"Origin": "https://app.example"}),
+                await request(url, "OPTIONS", headers=preflight | {"Origin": "https://evil.example"}))
+
+    ok, other = asyncio.run(go())
+    assert ok.status_code == 204 and ok.headers["access-control-allow-origin"] == "https://app.example"
+    assert "authorization" in ok.headers["access-control-allow-headers"]
+    assert "access-control-allow-origin" not in other.headers
