@@ -9,7 +9,6 @@ models do not define is refused here by name (`unknown_parameter`, `session.x`).
 
 from __future__ import annotations
 
-import json
 import types
 import typing
 from typing import Annotated, Union, get_args, get_origin
@@ -18,6 +17,7 @@ from openai.types.live import ClientEvent
 from pydantic import BaseModel, ValidationError
 
 from kame.protocol import ProtocolError
+from server.realtime.client_events import decode_frame
 
 
 class LiveError(ProtocolError):
@@ -84,23 +84,9 @@ def _unknown_in_model(model: type[BaseModel], value: dict, path: str) -> str | N
     return None
 
 
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not JSON")
-
-
 def parse(text: str | None, limit_bytes: int) -> tuple[BaseModel, str | None]:
     """A client's text frame -> (the SDK's event, its event_id); LiveError for a bad one."""
-    if text is None:
-        raise LiveError("invalid_event", "Live events are JSON text frames, not binary ones.")
-    if len(text) > limit_bytes:
-        raise LiveError("event_too_large", f"An event of {len(text)} bytes exceeds the limit of {limit_bytes}.")
-    try:
-        raw = json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:
-        raise LiveError("invalid_json", f"The event is not valid JSON: {exc}") from exc
-    if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
-        raise LiveError("invalid_event", "An event is a JSON object with a string 'type'.", "type")
-    event_id = raw.get("event_id") if isinstance(raw.get("event_id"), str) else None
+    raw, event_id = decode_frame(text, limit_bytes, LiveError)
     model = EVENT_MODELS.get(raw["type"])
     if model is None:
         raise LiveError("invalid_value", f"Invalid value: {raw['type']!r}. Supported event types are: "

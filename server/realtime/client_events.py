@@ -266,19 +266,25 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not JSON")
 
 
-def parse(text: str | None, limit_bytes: int) -> tuple[ClientEvent, str | None]:
-    """A client's text frame -> (event, its event_id)."""
+def decode_frame(text: str | None, limit_bytes: int, error: type[ProtocolError]) -> tuple[dict, str | None]:
+    """A client's text frame -> (the JSON object, its event_id), or `error(code, message)` for a frame
+    that is binary, too long, not JSON or not an object with a string `type` (Realtime and GPT-Live)."""
     if text is None:
-        raise RealtimeError("invalid_event", "events are JSON text frames, not binary")
+        raise error("invalid_event", "events are JSON text frames, not binary")
     if len(text) > limit_bytes:
-        raise RealtimeError("event_too_large", f"an event of {len(text)} bytes exceeds {limit_bytes}")
+        raise error("event_too_large", f"an event of {len(text)} bytes exceeds {limit_bytes}")
     try:
         raw = json.loads(text, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:
-        raise RealtimeError("invalid_json", f"the event is not JSON: {exc}") from exc
+        raise error("invalid_json", f"the event is not JSON: {exc}") from exc
     if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
-        raise RealtimeError("invalid_event", "an event is a JSON object with a string 'type'")
-    event_id = raw.get("event_id") if isinstance(raw.get("event_id"), str) else None
+        raise error("invalid_event", "an event is a JSON object with a string 'type'")
+    return raw, raw.get("event_id") if isinstance(raw.get("event_id"), str) else None
+
+
+def parse(text: str | None, limit_bytes: int) -> tuple[ClientEvent, str | None]:
+    """A client's text frame -> (event, its event_id)."""
+    raw, event_id = decode_frame(text, limit_bytes, RealtimeError)
     model = _MODELS.get(raw["type"])
     if model is None:
         raise RealtimeError("unknown_event", f"unknown or unsupported event type {raw['type']!r}", "type", event_id)
