@@ -244,3 +244,27 @@ def test_cors_preflight_answers_allowed_origins_only(guarded_server):
     assert ok.status_code == 204 and ok.headers["access-control-allow-origin"] == "https://app.example"
     assert "authorization" in ok.headers["access-control-allow-headers"]
     assert "access-control-allow-origin" not in other.headers
+
+
+def test_one_slot_per_peer_connection_given_back_when_the_peer_goes(guarded_server):
+    """A second offer finds the only slot taken (503); the first peer closing, without session.close,
+    ends its session and frees the slot."""
+    url, services = guarded_server
+    body = {"session": {"model": "gpt-live-1"}}
+
+    async def go():
+        peer, second = Peer(np.zeros(24000, np.float32)), Peer(np.zeros(1, np.float32))
+        try:
+            first = await _post(url, body | {"transport": {"type": "webrtc", "sdp": await peer.offer()}})
+            assert first.status_code == 200, first.text
+            await peer.answer(first.json()["transport"]["sdp"])
+            await peer.wait_for(lambda: peer.of("session.started"), 15, "session.started")
+            busy = await _post(url, body | {"transport": {"type": "webrtc", "sdp": await second.offer()}})
+        finally:
+            await peer.close()
+            await second.close()
+        return busy
+
+    busy = asyncio.run(go())
+    assert busy.status_code == 503 and busy.json()["error"]["code"] == "server_busy"
+    wait_until_all_slots_free(services, 15)
