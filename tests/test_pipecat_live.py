@@ -1,0 +1,205 @@
+"""A real Pipecat pipeline against /v1/live/sessions on loopback: pipecat-ai's own OpenAI Live service,
+set up as examples/pipecat_live.py does, hears the spoken question (tiny-copy, Whisper tiny.en) and the
+assistant's words come back as Pipecat frames, in both delegation modes: `responses` (KAME's scripted LLM
+answers) and `client` (Pipecat's backend worker answers, from an LLM KAME never calls)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pipecat.services.openai.live.llm",
+                    reason="needs pipecat-ai[openai]==1.12.0, not in the dev extra (see examples/README.md)")
+
+from pipecat.frames.frames import (
+    ErrorFrame,
+    LLMContextAssistantTurnFrame,
+    LLMRunFrame,
+    SpeechOutputAudioRawFrame,
+    TranscriptionFrame,
+    TTSTextFrame,
+)
+from pipecat.observers.base_observer import BaseObserver, FramePushed
+from pipecat.pipeline.worker import PipelineWorker
+from pipecat.services.openai.live.llm import OpenAILiveLLMService
+from pipecat.workers.runner import WorkerRunner
+
+from kame.codec import pcm16_encode
+from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
+
+from .conftest import words
+from .server_harness import wait_until_all_slots_free
+
+pytestmark = pytest.mark.slow
+EXAMPLE = Path(__file__).parent.parent / "examples" / "pipecat_live.py"
+INSTRUCTIONS = "You are the test's assistant. Answer in one short sentence."
+BACKEND_ANSWER = "Zebras sing in Oslo."  # what only Pipecat's backend LLM says, never KAME's scripted one
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("pipecat_live", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Heard(BaseObserver):
+    """What the live service pushed into the pipeline: the assistant's audio and words, the user's
+    final transcripts (sent upstream, to the user aggregator), errors; and the assistant turns the
+    assistant aggregator wrote into the context."""
+
+    def __init__(self, llm: OpenAILiveLLMService) -> None:
+        super().__init__(observe_every_push=False)
+        self.llm = llm
+        self.audio: list[SpeechOutputAudioRawFrame] = []
+        self.said: list[str] = []
+        self.user: list[str] = []
+        self.errors: list[str] = []
+        self.turns: list[str] = []
+        self.changed = asyncio.Event()
+
+    async def on_push_frame(self, data: FramePushed) -> None:
+        frame = data.frame
+        if isinstance(frame, LLMContextAssistantTurnFrame):
+            self.turns.append(frame.text)
+        elif data.source is not self.llm:
+            return
+        elif isinstance(frame, SpeechOutputAudioRawFrame):
+            self.audio.append(frame)
+        elif isinstance(frame, TTSTextFrame):
+            self.said.append(frame.text)
+        elif isinstance(frame, TranscriptionFrame):
+            self.user.append(frame.text)
+        elif isinstance(frame, ErrorFrame):
+            self.errors.append(frame.error)
+        else:
+            return
+        self.changed.set()
+
+    def said_words(self) -> str:
+        return " ".join(words("".join(self.said)))
+
+    async def wait(self, predicate, limit_s: float, what: str) -> None:
+        """Until `predicate()`; fails at once on an error frame or when the service stops reading events."""
+        reading = self.llm._receive_task  # pipecat logs and swallows what ends it: watch it here
+        async with asyncio.timeout(limit_s):
+            while not predicate():
+                assert not self.errors, f"the pipeline got errors while waiting for {what}: {self.errors}"
+                assert reading is None or not reading.done(), (
+                    f"pipecat's live service stopped reading server events while waiting for {what} "
+                    "(its log says why)")
+                self.changed.clear()
+                changed = asyncio.ensure_future(self.changed.wait())
+                await asyncio.wait([changed, *([reading] if reading else [])], return_when=asyncio.FIRST_COMPLETED)
+                changed.cancel()
+
+
+async def converse(url: str, delegation, question: np.ndarray, answer: str):
+    """Runs the example's pipeline until `answer` is heard and the user's turn is in, then ends it
+    (session.close, then session.closed). Returns what was heard, the context, the recorder
+    and the delegations the service saw."""
+    example = load_example()
+    llm = example.kame_live_llm(url, None, INSTRUCTIONS, delegation)
+    pipeline, context, recorder = example.conversation(llm)
+    heard = Heard(llm)
+    worker = PipelineWorker(pipeline, observers=[heard], enable_rtvi=False, cancel_on_idle_timeout=False)
+    started, delegations = asyncio.Event(), []
+    runner = WorkerRunner(handle_sigint=False)
+
+    @llm.event_handler("on_session_started")
+    async def on_started(llm, session) -> None:
+        started.set()
+
+    @llm.event_handler("on_delegation_created")
+    async def on_delegation(llm, delegation) -> None:
+        delegations.append(delegation)
+
+    async def talk() -> None:
+        speaking = None
+        try:
+            await worker.queue_frame(LLMRunFrame())  # the first context frame: session.start
+            await asyncio.wait_for(started.wait(), 15)
+            speaking = asyncio.ensure_future(example.send_audio(worker, pcm16_encode(question)))
+            await heard.wait(lambda: " ".join(words(answer)) in heard.said_words(), 30, "the spoken answer")
+            await heard.wait(lambda: heard.user, 10, "the user's transcript")
+            await heard.wait(lambda: any(set(words(answer)) & set(words(t)) for t in heard.turns), 10,
+                             "the answer's turn in the context")
+            speaking.cancel()
+            # graceful: session.close, then session.closed. Not an EndFrame queued into the pipeline: that
+            # ends the pipeline worker but not its child (client delegation's backend worker), and
+            # pipecat 1.12's runner.run() then waits for that child forever. runner.end() ends both.
+            await runner.end(reason="the question was answered")
+        except BaseException:
+            await worker.cancel(reason="the test failed")  # ends runner.run() below
+            raise
+        finally:
+            if speaking is not None:
+                speaking.cancel()
+
+    await runner.add_workers(worker)
+    results = await asyncio.wait_for(asyncio.gather(runner.run(), talk(), return_exceptions=True), 90)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return heard, context, recorder, delegations
+
+
+def spoken_question(voices) -> np.ndarray:
+    return np.concatenate([np.zeros(12000, np.float32), voices["france"], np.zeros(24000 * 6, np.float32)])
+
+
+def test_pipecat_live_with_responses_delegation(tandem_server, scripted_llm, voices):
+    """KAME's planner and scripted LLM answer; pipecat hears the answer and both sides' turns."""
+    url, services = tandem_server
+    example = load_example()
+    try:
+        heard, context, recorder, delegations = asyncio.run(
+            converse(url, example.responses_delegation("scripted"), spoken_question(voices),
+                     "Paris is the capital of France"))
+    finally:
+        wait_until_all_slots_free(services, limit_s=30.0)
+    assert not heard.errors
+    assert words(" ".join(heard.user))[:6] == words("What is the capital of France")
+    messages = context.get_messages()
+    assert any(m["role"] == "user" and "france" in words(m["content"]) for m in messages)
+    assert any(m["role"] == "assistant" and "paris" in words(m["content"]) for m in messages)
+    assert delegations and all(d.target == "responses" for d in delegations)
+    # the assistant's audio: 24 kHz PCM16, through the pipeline to where a transport would play it
+    assert len(heard.audio) >= 5 and all(f.sample_rate == 24000 for f in heard.audio)
+    assert len(recorder.audio) >= 5 * 3840
+    assert any(INSTRUCTIONS in r["messages"][0]["content"] for r in scripted_llm.requests)  # reached the LLM
+
+
+@pytest.fixture
+def backend_llm():
+    """The LLM of Pipecat's backend worker: it alone says BACKEND_ANSWER."""
+    server = ScriptedOpenAIServer(lambda body: ScriptedReply(text=BACKEND_ANSWER))
+    server.start_in_thread()
+    yield server
+    server.stop_thread()
+
+
+def test_pipecat_live_with_client_delegation(tandem_server, scripted_llm, voices, backend_llm):
+    """KAME calls no LLM: each delegation goes to Pipecat's BackendLLMWorker, whose answer comes back as
+    commentary and is what KAME's front-end says."""
+    url, services = tandem_server
+    example = load_example()
+    asked_before = len(scripted_llm.requests)
+    try:
+        heard, context, recorder, delegations = asyncio.run(
+            converse(url, example.client_delegation(backend_llm.base_url, "scripted"), spoken_question(voices),
+                     BACKEND_ANSWER))
+    finally:
+        wait_until_all_slots_free(services, limit_s=30.0)
+    assert not heard.errors
+    assert delegations and all(d.target == "client" for d in delegations)
+    assert len(scripted_llm.requests) == asked_before  # KAME's own LLM was never asked
+    # the backend was given the user's words, as pipecat renders the transcript since the last delegation
+    asked = [r["messages"][-1]["content"] for r in backend_llm.requests]
+    assert any("USER:" in text and "france" in words(text) for text in asked), asked
+    assert words(" ".join(heard.user))[:6] == words("What is the capital of France")
+    assert len(recorder.audio) >= 5 * 3840
