@@ -1,6 +1,7 @@
-"""GPT-Live over WebRTC end to end: an aiortc peer connection (the client) POSTs its offer to the
-real server on loopback, speaks on its audio track and talks Live events on `oai-events`; and the
-POST's refusals. Every server event is checked against the openai SDK's `ServerEvent`."""
+"""GPT-Live over WebRTC end to end: an aiortc peer connection (the client) sends its offer with the
+openai SDK's `live.create` to the real server on loopback, speaks on its audio track and talks Live
+events on `oai-events`; and the POST's refusals. Every server event is checked against the SDK's
+`ServerEvent`."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 import soxr
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
+from openai import AsyncOpenAI
 from openai.types.live import ServerEvent
 from pydantic import TypeAdapter
 
@@ -156,12 +158,11 @@ def test_a_spoken_question_over_webrtc_with_client_delegation(tandem_server, voi
     async def go():
         peer = Peer(question)
         try:
-            reply = await request(url, body={
-                "session": {"model": "gpt-live-1", "delegation": {"type": "client"}},
-                "transport": {"type": "webrtc", "sdp": await peer.offer()}})
-            assert reply.status_code == 200, reply.text
-            body = reply.json()
-            await peer.answer(body["transport"]["sdp"])
+            sdk = AsyncOpenAI(base_url=url.replace("ws://", "http://") + "/v1", api_key="kame-test")
+            created = await sdk.live.create(session={"model": "gpt-live-1", "delegation": {"type": "client"}},
+                                            transport={"type": "webrtc", "sdp": await peer.offer()})
+            body = created.model_dump()
+            await peer.answer(created.transport.sdp)
             await peer.wait_for(lambda: peer.events, 15, "a first event")
             delegation = None
             await peer.wait_for(lambda: peer.of("session.delegation.created"), 25, "a delegation")
