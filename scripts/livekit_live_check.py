@@ -3,8 +3,9 @@
 KAME's /v1/live/sessions, answers each `session.delegation.created` with commentary, and waits until
 KAME's front-end says the commentary's words. Prints the server events it saw; exit status 0 on success.
 
-Runs in its own environment, not KAME's (livekit-agents 1.8.9 needs aiohttp>=3.14, KAME's moshi pins
-aiohttp<3.12):
+Runs in its own environment, not KAME's: livekit-agents 1.8.9 takes the newest livekit-api (1.2.2), which
+needs aiohttp>=3.14.4, and KAME's moshi pins aiohttp<3.12 (with livekit-api==1.2.1 pip does resolve beside
+KAME's pins; not run that way). GPTLiveModel first ships in livekit-plugins-openai 1.8.1.
 
     python -m venv /tmp/lk-venv && /tmp/lk-venv/bin/pip install 'livekit-agents[openai]==1.8.9'
     kame serve --frontend tiny-copy --port 18999 &        # from KAME's environment
