@@ -27,6 +27,7 @@ from livekit.plugins.openai.realtime import GPTLiveModel
 
 RATE = 24000
 CHUNK_S = 0.08  # one KAME frame per push
+TAIL_S = 3  # seconds of silence sent at least, for the user's last words to come back
 ANSWER = "Zebras sing in Oslo."  # words only this script supplies: heard back, they prove the round trip
 
 
@@ -50,6 +51,7 @@ class Log:
         self.heard = ""
         self.delegations: list[str] = []
         self.errors: list[dict] = []
+        self.user_turns: list[str] = []  # the user's turns as LiveKit closed them (its final transcripts)
         self.started = asyncio.Event()
         self.closed = asyncio.Event()
 
@@ -78,7 +80,7 @@ async def speak(duplex, pcm16: bytes, log: Log, limit_s: float) -> None:
     loop = asyncio.get_running_loop()
     start = loop.time()
     for offset in range(0, len(audio), step):
-        if offset > len(pcm16) and log.answered():
+        if offset > len(pcm16) + RATE * 2 * TAIL_S and log.answered():
             return
         chunk = audio[offset:offset + step]
         duplex.push_audio(rtc.AudioFrame(data=chunk, sample_rate=RATE, num_channels=1,
@@ -95,6 +97,11 @@ async def main(args: argparse.Namespace) -> int:
     duplex = agent.duplex_session
     duplex.on("openai_server_event_received", log.on_event)
 
+    @duplex.on("input_audio_transcription_completed")
+    def on_user_turn(event) -> None:
+        if event.is_final:
+            log.user_turns.append(event.transcript)
+
     @duplex.on("delegation_created")
     def on_delegation(delegation) -> None:
         log.delegations.append(delegation.id)
@@ -108,6 +115,7 @@ async def main(args: argparse.Namespace) -> int:
         await model.aclose()
     print(f"server events: {dict(log.types)}")
     print(f"user (KAME's ASR): {log.heard.strip()!r}")
+    print(f"user turns as LiveKit split them: {log.user_turns!r}")
     print(f"assistant: {log.said.strip()!r}")
     print(f"delegations answered: {len(log.delegations)}; session.closed: {log.closed.is_set()}")
     for error in log.errors:
