@@ -134,8 +134,8 @@ def create_app(settings: ServerSettings, services: Services | None = None,
         app.state.services = services or await asyncio.to_thread(Services.start, settings)
         app.state.codec = CodecPool(settings.resolved_codec_processes(app.state.services.runtime.engine.batch_size))
         await app.state.codec.ready()
-        logger.info("ready: ws://%s:%d/api/chat and ws://%s:%d/v1/realtime", settings.host, settings.port,
-                    settings.host, settings.port)
+        base = f"ws://{settings.host}:{settings.port}"
+        logger.info("ready: %s/api/chat, %s/v1/realtime and %s/v1/live/sessions", base, base, base)
         if on_ready is not None:
             on_ready(app)
         stop_watching = watch_knowledge(app.state.services)

@@ -100,6 +100,7 @@ class LiveMapping:
         self._decode = self._encode = None
         self._words = StableWords()
         self._transcript_ms = 0  # where the last input transcript delta ended
+        self._partial: Transcript | None = None  # the latest partial of the utterance in progress
         self._next_usage: float | None = None
         # delegations by the planner's attempt epoch (responses) and the ids announced (both modes)
         self._attempts: collections.OrderedDict[int, tuple[str, str]] = collections.OrderedDict()
@@ -228,7 +229,10 @@ class LiveMapping:
         self._extension(event)
 
     def _transcript(self, event: Transcript) -> None:
-        delta = self._words.final(event.text) if event.final else self._words.partial(event.text)
+        self._partial = None if event.final else event
+        self._send_words(event, self._words.final(event.text) if event.final else self._words.partial(event.text))
+
+    def _send_words(self, event: Transcript, delta: str) -> None:
         if not delta:
             return
         start = max(self._transcript_ms, round(event.start_s * 1000))
@@ -282,7 +286,10 @@ class LiveMapping:
 
     def delegated(self, delegation_id: str, target: str = "client", response_id: str | None = None
                   ) -> None:
-        """A delegation begins (a planner attempt): the client is told where on the timeline."""
+        """A delegation begins (a planner attempt): the client is told where on the timeline, after
+        every word of the partial transcript it was built on (clients rebuild the task from it)."""
+        if self._partial is not None:
+            self._send_words(self._partial, self._words.release(self._partial.text))
         self._delegations[delegation_id] = None
         while len(self._delegations) > MAX_DELEGATIONS:
             self._delegations.popitem(last=False)
