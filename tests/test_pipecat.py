@@ -37,22 +37,25 @@ EXAMPLE = Path(__file__).parent.parent / "examples" / "pipecat_realtime.py"
 INSTRUCTIONS = "You are the test's assistant. Answer in one short sentence."
 
 
-def load_example():
-    spec = importlib.util.spec_from_file_location("pipecat_realtime", EXAMPLE)
+def load_example(path: Path = EXAMPLE):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 class Heard(BaseObserver):
-    """What the realtime service pushed into the pipeline: the assistant's audio and words, the
-    user's transcript (sent upstream, to the user aggregator), errors; and the assistant turns the
-    assistant aggregator wrote into the context."""
+    """What the LLM service pushed into the pipeline: the assistant's audio and words, the user's
+    transcript (sent upstream, to the user aggregator), errors; and the assistant turns the
+    assistant aggregator wrote into the context (the GPT-Live test's service pushes its audio as
+    another frame type: `audio_type`)."""
+
+    audio_type: type = TTSAudioRawFrame
 
     def __init__(self, llm: OpenAIRealtimeLLMService) -> None:
         super().__init__(observe_every_push=False)
         self.llm = llm
-        self.audio: list[TTSAudioRawFrame] = []
+        self.audio: list = []
         self.said: list[str] = []
         self.user: list[str] = []
         self.errors: list[str] = []
@@ -65,7 +68,7 @@ class Heard(BaseObserver):
             self.turns.append(frame.text)
         elif data.source is not self.llm:
             return
-        elif isinstance(frame, TTSAudioRawFrame):
+        elif isinstance(frame, self.audio_type):
             self.audio.append(frame)
         elif isinstance(frame, TTSTextFrame):
             self.said.append(frame.text)
@@ -83,16 +86,21 @@ class Heard(BaseObserver):
     async def wait(self, predicate, limit_s: float, what: str) -> None:
         """Until `predicate()`; fails at once on an error frame or when the service stops reading events."""
         reading = self.llm._receive_task  # pipecat logs and swallows what ends it: watch it here
-        async with asyncio.timeout(limit_s):
-            while not predicate():
-                assert not self.errors, f"the pipeline got errors while waiting for {what}: {self.errors}"
-                assert reading is None or not reading.done(), (
-                    f"pipecat's realtime service stopped reading server events while waiting for {what} "
-                    "(its log says why)")
-                self.changed.clear()
-                changed = asyncio.ensure_future(self.changed.wait())
-                await asyncio.wait([changed, *([reading] if reading else [])], return_when=asyncio.FIRST_COMPLETED)
-                changed.cancel()
+        try:
+            await asyncio.wait_for(self._until(predicate, reading, what), limit_s)
+        except TimeoutError:
+            raise AssertionError(f"no {what} within {limit_s} s; the assistant said {''.join(self.said)!r}, "
+                                 f"the user {self.user!r}") from None
+
+    async def _until(self, predicate, reading, what: str) -> None:
+        while not predicate():
+            assert not self.errors, f"the pipeline got errors while waiting for {what}: {self.errors}"
+            assert reading is None or not reading.done(), (
+                f"pipecat's service stopped reading server events while waiting for {what} (its log says why)")
+            self.changed.clear()
+            changed = asyncio.ensure_future(self.changed.wait())
+            await asyncio.wait([changed, *([reading] if reading else [])], return_when=asyncio.FIRST_COMPLETED)
+            changed.cancel()
 
 
 def test_a_pipecat_pipeline_talks_to_kame(tandem_server, scripted_llm, voices):

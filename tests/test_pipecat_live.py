@@ -6,7 +6,6 @@ answers) and `client` (Pipecat's backend worker answers, from an LLM KAME never 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -16,16 +15,10 @@ pytest.importorskip("pipecat.services.openai.live.llm",
                     reason="needs pipecat-ai[openai]==1.12.0, not in the dev extra (see examples/README.md)")
 
 from pipecat.frames.frames import (
-    ErrorFrame,
-    LLMContextAssistantTurnFrame,
     LLMRunFrame,
     SpeechOutputAudioRawFrame,
-    TranscriptionFrame,
-    TTSTextFrame,
 )
-from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.pipeline.worker import PipelineWorker
-from pipecat.services.openai.live.llm import OpenAILiveLLMService
 from pipecat.workers.runner import WorkerRunner
 
 from kame.codec import pcm16_encode
@@ -33,6 +26,8 @@ from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
 
 from .conftest import words
 from .server_harness import wait_until_all_slots_free
+from .test_pipecat import Heard as RealtimeHeard
+from .test_pipecat import load_example as load_pipecat_example
 
 pytestmark = pytest.mark.slow
 EXAMPLE = Path(__file__).parent.parent / "examples" / "pipecat_live.py"
@@ -42,67 +37,17 @@ BACKEND_ANSWER = "Zebras sing in Oslo."  # what only Pipecat's backend LLM says,
 
 
 def load_example():
-    spec = importlib.util.spec_from_file_location("pipecat_live", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_pipecat_example(EXAMPLE)
 
 
-class Heard(BaseObserver):
-    """What the live service pushed into the pipeline: the assistant's audio and words, the user's
-    final transcripts (sent upstream, to the user aggregator), errors; and the assistant turns the
-    assistant aggregator wrote into the context."""
+class Heard(RealtimeHeard):
+    """What the live service pushed into the pipeline; its audio is a speech stream (silence
+    included), not TTS output."""
 
-    def __init__(self, llm: OpenAILiveLLMService) -> None:
-        super().__init__(observe_every_push=False)
-        self.llm = llm
-        self.audio: list[SpeechOutputAudioRawFrame] = []
-        self.said: list[str] = []
-        self.user: list[str] = []
-        self.errors: list[str] = []
-        self.turns: list[str] = []
-        self.changed = asyncio.Event()
-
-    async def on_push_frame(self, data: FramePushed) -> None:
-        frame = data.frame
-        if isinstance(frame, LLMContextAssistantTurnFrame):
-            self.turns.append(frame.text)
-        elif data.source is not self.llm:
-            return
-        elif isinstance(frame, SpeechOutputAudioRawFrame):
-            self.audio.append(frame)
-        elif isinstance(frame, TTSTextFrame):
-            self.said.append(frame.text)
-        elif isinstance(frame, TranscriptionFrame):
-            self.user.append(frame.text)
-        elif isinstance(frame, ErrorFrame):
-            self.errors.append(frame.error)
-        else:
-            return
-        self.changed.set()
+    audio_type = SpeechOutputAudioRawFrame
 
     def said_words(self) -> str:
         return " ".join(words("".join(self.said)))
-
-    async def wait(self, predicate, limit_s: float, what: str) -> None:
-        """Until `predicate()`; fails at once on an error frame or when the service stops reading events."""
-        reading = self.llm._receive_task  # pipecat logs and swallows what ends it: watch it here
-        try:
-            await asyncio.wait_for(self._until(predicate, reading, what), limit_s)
-        except TimeoutError:
-            raise AssertionError(f"no {what} within {limit_s} s; the assistant said {''.join(self.said)!r}, "
-                                 f"the user {self.user!r}") from None
-
-    async def _until(self, predicate, reading, what: str) -> None:
-        while not predicate():
-            assert not self.errors, f"the pipeline got errors while waiting for {what}: {self.errors}"
-            assert reading is None or not reading.done(), (
-                f"pipecat's live service stopped reading server events while waiting for {what} "
-                "(its log says why)")
-            self.changed.clear()
-            changed = asyncio.ensure_future(self.changed.wait())
-            await asyncio.wait([changed, *([reading] if reading else [])], return_when=asyncio.FIRST_COMPLETED)
-            changed.cancel()
 
 
 async def converse(url: str, delegation, question: np.ndarray, answer: str):

@@ -100,7 +100,6 @@ class LiveMapping:
         self._decode = self._encode = None
         self._words = StableWords()
         self._transcript_ms = 0  # where the last input transcript delta ended
-        self._partial: Transcript | None = None  # the latest partial of the utterance in progress
         self._next_usage: float | None = None
         # delegations by the planner's attempt epoch (responses) and the ids announced (both modes)
         self._attempts: collections.OrderedDict[int, tuple[str, str]] = collections.OrderedDict()
@@ -229,7 +228,6 @@ class LiveMapping:
         self._extension(event)
 
     def _transcript(self, event: Transcript) -> None:
-        self._partial = None if event.final else event
         self._send_words(event, self._words.final(event.text) if event.final else self._words.partial(event.text))
 
     def _send_words(self, event: Transcript, delta: str) -> None:
@@ -264,9 +262,11 @@ class LiveMapping:
                            content_index=0)
             self._response(event.epoch, "response.completed", response=self._response_object(
                 event.epoch, "completed", event.backend, event.answer))
-        elif event.phase == "cancelled":
-            self._response(event.epoch, "response.incomplete", response={
-                **self._response_object(event.epoch, "incomplete", event.backend, event.answer),
+        elif event.phase == "cancelled":  # superseded: routine in KAME (a newer attempt took over), not a
+            # failure; clients (Pipecat) report response.incomplete/failed as errors, so it ends "completed"
+            # with the status that says what happened
+            self._response(event.epoch, "response.completed", response={
+                **self._response_object(event.epoch, "cancelled", event.backend, event.answer),
                 "incomplete_details": {"reason": "superseded"}})
         else:  # failed: the next attempt may still answer; the session goes on
             self._response(event.epoch, "response.failed", response={
@@ -286,10 +286,7 @@ class LiveMapping:
 
     def delegated(self, delegation_id: str, target: str = "client", response_id: str | None = None
                   ) -> None:
-        """A delegation begins (a planner attempt): the client is told where on the timeline, after
-        every word of the partial transcript it was built on (clients rebuild the task from it)."""
-        if self._partial is not None:
-            self._send_words(self._partial, self._words.release(self._partial.text))
+        """A delegation begins (a planner attempt): the client is told where on the timeline."""
         self._delegations[delegation_id] = None
         while len(self._delegations) > MAX_DELEGATIONS:
             self._delegations.popitem(last=False)

@@ -44,12 +44,6 @@ class StableWords:
         self._previous = keys
         return self._send(words, min(agreed, len(words) - self.hold))
 
-    def release(self, text: str) -> str:
-        """Every word of the latest partial `text`, now (a delegation is about to be built on them:
-        the client rebuilds the task from the transcript); the utterance goes on. A word sent this
-        way may still be revised by the ASR later, and then stays as sent."""
-        return self._send(text.split(), len(text.split()))
-
     def final(self, text: str) -> str:
         """The rest of the utterance; the next transcript starts a new one."""
         words = text.split()
