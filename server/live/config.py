@@ -13,8 +13,8 @@ from openai.types.live import SessionConfig, SessionUpdateConfig
 
 from kame.audio import SAMPLE_RATE
 from kame.codec import pcm16_decode, pcm16_encode
-from kame.telephony import Downsampler, Upsampler, alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from server.live.client_events import LiveError
+from server.realtime.client_events import AudioFormat as RealtimeFormat
 
 DEFAULT_FORMAT = {"type": "audio/pcm", "rate": SAMPLE_RATE}
 DEFAULT_VOICE = "kame"  # the front-end's own voice: a checkpoint has one
@@ -126,26 +126,24 @@ class LiveConfig:
         return resource
 
     def decoder(self):
-        """bytes of the client's format -> float32 at 24 kHz, streaming."""
-        kind, rate = self.audio_format["type"], self.audio_format.get("rate", SAMPLE_RATE)
-        if kind == "audio/pcm":
-            if rate == SAMPLE_RATE:
-                return pcm16_decode
-            stream = soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32")
-            return lambda data: stream.resample_chunk(pcm16_decode(data))
-        decode, upsample = (ulaw_decode if kind == "audio/pcmu" else alaw_decode), Upsampler()
-        return lambda data: upsample(decode(data))
+        """bytes of the client's format -> float32 at 24 kHz, streaming: the Realtime endpoint's codecs
+        (PCM16 at 24 kHz, G.711), and 16 kHz PCM16 through soxr."""
+        if self._pcm_rate in (None, SAMPLE_RATE):
+            return RealtimeFormat(self.audio_format["type"]).decoder()
+        stream = soxr.ResampleStream(self._pcm_rate, SAMPLE_RATE, 1, dtype="float32")
+        return lambda data: stream.resample_chunk(pcm16_decode(data))
 
     def encoder(self):
         """float32 at 24 kHz -> bytes of the client's format, streaming."""
-        kind, rate = self.audio_format["type"], self.audio_format.get("rate", SAMPLE_RATE)
-        if kind == "audio/pcm":
-            if rate == SAMPLE_RATE:
-                return pcm16_encode
-            stream = soxr.ResampleStream(SAMPLE_RATE, rate, 1, dtype="float32")
-            return lambda pcm: pcm16_encode(stream.resample_chunk(np.asarray(pcm, np.float32)))
-        encode, downsample = (ulaw_encode if kind == "audio/pcmu" else alaw_encode), Downsampler()
-        return lambda pcm: encode(downsample(pcm))
+        if self._pcm_rate in (None, SAMPLE_RATE):
+            return RealtimeFormat(self.audio_format["type"]).encoder()
+        stream = soxr.ResampleStream(SAMPLE_RATE, self._pcm_rate, 1, dtype="float32")
+        return lambda pcm: pcm16_encode(stream.resample_chunk(np.asarray(pcm, np.float32)))
+
+    @property
+    def _pcm_rate(self) -> int | None:
+        """The rate of PCM16 audio; None for G.711 (8 kHz, the Realtime codecs' own)."""
+        return self.audio_format.get("rate", SAMPLE_RATE) if self.audio_format["type"] == "audio/pcm" else None
 
     @property
     def bytes_per_sample(self) -> int:
