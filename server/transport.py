@@ -162,20 +162,26 @@ class SocketSession:
 
     # ---------------------------------------------------------------- tasks
 
+    async def _next_message(self) -> dict:
+        """The client's next message (starlette's dict: "bytes" or "text"); Disconnected when it has
+        gone, Limit when it sent nothing for `idle_timeout_s`."""
+        try:
+            async with asyncio.timeout(self.settings.idle_timeout_s):
+                message = await self.ws.receive()
+        except TimeoutError as exc:
+            raise Limit(1001, f"no message for {self.settings.idle_timeout_s:.0f} s", "limit") from exc
+        except CLOSED as exc:
+            raise Disconnected from exc
+        if message["type"] == "websocket.disconnect":
+            raise Disconnected
+        return message
+
     async def _receive(self, tandem: TandemSession) -> None:
         flood = _Flood(self.settings.max_messages_per_s)
         while True:
-            try:
-                async with asyncio.timeout(self.settings.idle_timeout_s):
-                    message = await self.ws.receive()
-            except TimeoutError as exc:
-                raise Limit(1001, f"no message for {self.settings.idle_timeout_s:.0f} s", "limit") from exc
-            except CLOSED as exc:
-                raise Disconnected from exc
+            message = await self._next_message()
             if flood.over():
                 raise Limit(1008, f"more than {self.settings.max_messages_per_s:.0f} messages/s for 5 s")
-            if message["type"] == "websocket.disconnect":
-                raise Disconnected
             try:
                 await self._on_message(message, tandem)
             except (ProtocolError, SessionError) as exc:

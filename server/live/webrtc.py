@@ -28,14 +28,13 @@ from starlette.responses import JSONResponse
 from kame.audio import SAMPLE_RATE
 from kame.clock import Clock
 from kame.errors import EngineError, SessionError
-from kame.protocol import ProtocolError
 from kame.session import TandemSession
 from server.access import AccessControl, Refusal
 from server.live.adapter import LiveCarrier, LiveSession, live_facts
 from server.live.client_events import LiveError, invalid, unknown_parameter
 from server.live.mapping import LiveMapping
 from server.services import Services
-from server.transport import Disconnected, Limit, _Flood
+from server.transport import Disconnected, Limit
 
 logger = logging.getLogger(__name__)
 
@@ -184,18 +183,12 @@ class WebRTCSession(LiveSession):
     def _extra_tasks(self, tandem: TandemSession) -> list:
         return [*super()._extra_tasks(tandem), self._listen()]
 
-    async def _receive(self, tandem: TandemSession) -> None:
-        flood = _Flood(self.settings.max_messages_per_s)
-        while (message := await self._inbox.get()) is not None:
-            if flood.over():
-                raise Limit(1008, f"more than {self.settings.max_messages_per_s:.0f} messages/s for 5 s")
-            try:
-                await self._on_message({"text": message} if isinstance(message, str) else {"bytes": message},
-                                       tandem)
-            except (ProtocolError, SessionError) as exc:
-                self.services.metrics.protocol_errors.inc()
-                self._bad_message(exc)
-        raise Disconnected
+    async def _next_message(self) -> dict:
+        """The data channel's next message: no idle limit (the audio comes on the track)."""
+        message = await self._inbox.get()
+        if message is None:
+            raise Disconnected
+        return {"text": message} if isinstance(message, str) else {"bytes": message}
 
     async def _listen(self) -> None:
         """The user's audio: Opus frames from the track, as 24 kHz mono float32 for the mapping."""
