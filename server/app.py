@@ -23,7 +23,7 @@ from kame.protocol import ProtocolError
 from kame.runtime import log_index_stats
 from server.access import AccessControl, Refusal
 from server.codec_process import CodecPool
-from server.live import webrtc
+from server.live import sideband, webrtc
 from server.live.adapter import LiveSession
 from server.realtime import RealtimeSession
 from server.services import Services
@@ -212,6 +212,11 @@ def create_app(settings: ServerSettings, services: Services | None = None,
     @app.options("/v1/live/sessions")
     async def live_webrtc_preflight(request: Request) -> Response:
         return Response(status_code=204, headers=webrtc.cors_headers(request, access, preflight=True))
+
+    @app.websocket("/v1/live/sessions/{session_id}/attach")
+    async def live_sideband(ws: WebSocket, session_id: str) -> None:
+        """GPT-Live's sideband: a trusted server watches and steers a running session (docs/live.md)."""
+        await sideband.attach(ws, session_id, app.state.sessions, access, settings.send_queue_messages)
 
     if (WEB_ROOT / "index.html").is_file():  # the browser page, after the routes above
         app.mount("/", StaticFiles(directory=WEB_ROOT, html=True), name="web")

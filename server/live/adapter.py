@@ -8,15 +8,21 @@ A `DeadlineTimer` sleeps until the mapping's next deadline (fed silence, usage r
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import collections
 import json
 import logging
 import time
 
 from starlette.websockets import WebSocket
 
+from kame.audio import FRAME_S
 from kame.clock import Clock, MonotonicClock
+from kame.codec import pcm16_encode
+from kame.protocol import ProtocolError
 from kame.session import TandemSession
-from kame.session_events import AssistantAudio
+from kame.session_events import AssistantAudio, SessionEvent
 from server.deadline import DeadlineTimer
 from server.live import actions as act
 from server.live.client_events import LiveError
@@ -27,6 +33,12 @@ from server.services import Services
 from server.transport import Ended, Finished, SocketSession
 
 logger = logging.getLogger(__name__)
+
+REPLAY_EVENTS = 64  # the recent server events a sideband gets when it attaches (audio aside)
+
+
+def _pcm16(pcm) -> str:
+    return base64.b64encode(pcm16_encode(pcm)).decode()
 
 
 def live_facts(session_id: str, services: Services, tandem: TandemSession, transport: str,
@@ -49,6 +61,9 @@ class LiveCarrier:
         self._send, self._play, self._record, self._metrics = send, play, record, metrics
         self.backend: ClientBackend | None = None
         self.timer = DeadlineTimer(clock, mapping.wake_at, self._on_time, f"live session {mapping.facts.session_id}")
+        self.replay: collections.deque[dict] = collections.deque(maxlen=REPLAY_EVENTS)  # for a sideband attaching
+        self.sidebands: set = set()  # `sideband.Sideband`s watching this session
+        self.finished: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
 
     def _on_time(self, now: float) -> None:
         self.mapping.on_time(now)
@@ -61,6 +76,8 @@ class LiveCarrier:
         for action in self.mapping.take():
             match action:
                 case act.Send(event=event, droppable=droppable):
+                    if not droppable:  # audio deltas reach sidebands from `observe`, timed and as PCM16
+                        self._reflect(event)
                     if self._record is not None and not droppable:
                         self._record({"live": event})
                     if self._metrics is not None and event["type"] == "session.delegation.created":
@@ -68,6 +85,8 @@ class LiveCarrier:
                     self._send(event, droppable)
                 case act.SessionCall(method=method, args=args):
                     getattr(tandem, method)(*args)
+                    if method == "push_pcm" and self.sidebands:  # the user's audio, reflected
+                        self._reflect({"type": "session.input_audio.append", "audio": _pcm16(args[0])}, True)
                 case act.PlannerCall(method=method, args=args):
                     getattr(tandem.planner, method)(*args)
                 case act.Delegate():
@@ -82,7 +101,22 @@ class LiveCarrier:
                 case act.Finish(code=code, reason=reason):
                     if finish:
                         raise Finished(code, reason)
+                    if not self.finished.done():  # asked from a sideband: the session's own task ends it
+                        self.finished.set_result((code, reason))
         self.timer.nearer()
+
+    def observe(self, event: SessionEvent) -> None:
+        """The session's audio for sidebands: the assistant's frames, timed on the session's timeline."""
+        if self.sidebands and isinstance(event, AssistantAudio):
+            start = round(event.frame * FRAME_S * 1000)
+            self._reflect(self.mapping.outbox.event("session.output_audio.delta", delta=_pcm16(event.pcm),
+                                                    start_ms=start, end_ms=start + round(FRAME_S * 1000)), True)
+
+    def _reflect(self, event: dict, droppable: bool = False) -> None:
+        if not droppable:
+            self.replay.append(event)
+        for sideband in self.sidebands:
+            sideband.put(event, droppable)
 
     def _delegated(self, delegation_id: str) -> None:
         self.mapping.delegated(delegation_id)
@@ -135,10 +169,34 @@ class LiveSession(SocketSession):
     async def _forward(self, tandem: TandemSession) -> None:
         async for event in tandem:
             self.mapping.on_session(event, self.clock.now())
+            self.carrier.observe(event)
             if isinstance(event, AssistantAudio):
                 self._count_dropped(tandem)
             self.carrier.carry_out()
         raise Ended("the session ended")
 
     def _extra_tasks(self, tandem: TandemSession) -> list:
-        return [self.carrier.timer.run()]
+        return [self.carrier.timer.run(), self._finished()]
+
+    async def _finished(self) -> None:
+        """A sideband closed the session: it ends here, in the session's own tasks."""
+        raise Finished(*await self.carrier.finished)
+
+    async def run(self, tandem: TandemSession) -> None:
+        try:
+            await super().run(tandem)
+        finally:
+            if self.carrier is not None:
+                for sideband in list(self.carrier.sidebands):
+                    sideband.end()
+
+    def steer(self, text: str | None, sideband) -> None:
+        """A sideband's event: it acts on the session as the client's would; its errors go to it alone."""
+        try:
+            self.mapping.on_client(text, self.clock.now(), sideband=True)
+        except ProtocolError as exc:
+            if not isinstance(exc, LiveError):
+                exc = LiveError("invalid_request", str(exc))
+            sideband.put(self.mapping.outbox.error_event(exc), False)
+        finally:
+            self.carrier.carry_out(finish=False)

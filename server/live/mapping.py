@@ -52,6 +52,9 @@ UNSUPPORTED = {
 }
 
 
+SIDEBAND_REFUSED = ("session.start", "session.input_audio.append")  # the primary connection's alone
+
+
 def estimated_tokens(text: str) -> int:
     """About how many tokens `text` is (English: ~4 characters or ~0.75 words a token)."""
     return max(len(text) // 4, int(len(text.split()) / 0.75))
@@ -65,20 +68,27 @@ class LiveOutbox:
         self._count = 0
         self._actions: list[Action] = []
 
-    def emit(self, type_: str, droppable: bool = False, client_event_id: str | None = None, **fields) -> None:
+    def event(self, type_: str, client_event_id: str | None = None, **fields) -> dict:
+        """A numbered server event, not queued (a sideband's own error goes to that sideband only)."""
         self._count += 1
         event = {"type": type_, "event_id": f"event_{self.session_id}_{self._count}", **fields}
         if client_event_id is not None:
             event["client_event_id"] = client_event_id
-        self._actions.append(Send(event, droppable))
+        return event
 
-    def error(self, exc: LiveError) -> None:
+    def emit(self, type_: str, droppable: bool = False, client_event_id: str | None = None, **fields) -> None:
+        self._actions.append(Send(self.event(type_, client_event_id, **fields), droppable))
+
+    def error_event(self, exc: LiveError) -> dict:
         error = {"type": exc.kind, "code": exc.code, "message": str(exc)}
         if exc.param is not None:
             error["param"] = exc.param
         if exc.client_event_id is not None:
             error["client_event_id"] = exc.client_event_id
-        self.emit("error", client_event_id=exc.client_event_id, error=error)
+        return self.event("error", exc.client_event_id, error=error)
+
+    def error(self, exc: LiveError) -> None:
+        self._actions.append(Send(self.error_event(exc)))
 
     def call(self, action: Action) -> None:
         self._actions.append(action)
@@ -301,10 +311,13 @@ class LiveMapping:
 
     # ---------------------------------------------------------------- the client's events
 
-    def on_client(self, text: str | None, now: float) -> None:
-        """One text frame of the client; LiveError for a bad one."""
+    def on_client(self, text: str | None, now: float, sideband: bool = False) -> None:
+        """One text frame of the client (or of a sideband connection, which steers a started session
+        but sends no audio); LiveError for a bad one."""
         event, event_id = ce.parse(text, self.facts.max_event_bytes)
         try:
+            if sideband and (event.type in SIDEBAND_REFUSED or not self.started):
+                raise LiveError("invalid_request", f"A sideband connection cannot send {event.type}.", "type")
             self._handle(event, event_id, now)
         except LiveError as exc:
             exc.client_event_id = event_id
