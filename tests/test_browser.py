@@ -59,7 +59,7 @@ def question_wav(voices, tmp_path) -> Path:
 def test_page_talks_to_the_server(tandem_server, question_wav):
     url, services = tandem_server
     errors_before = services.metrics.protocol_errors._value.get()
-    http = url.replace("ws://", "http://") + "/"
+    http = url.replace("ws://", "http://") + "/?transport=chat"  # the page's default is GPT-Live (test_browser_live)
 
     async def scenario():
         manager, browser, page = await open_page(question_wav)
@@ -107,7 +107,9 @@ def test_page_talks_to_the_server(tandem_server, question_wav):
     assert result["status_after"] == "idle"
 
 
-def test_page_explains_a_refused_connection_and_offers_retry(tandem_server, question_wav):
+@pytest.mark.parametrize("transport", ["chat", "live"])
+def test_page_explains_a_refused_connection_and_offers_retry(tandem_server, question_wav, transport):
+    """Every slot taken: /api/chat's websocket closes before its handshake, the WebRTC POST gets 503."""
     url, services = tandem_server
 
     async def scenario():
@@ -119,7 +121,7 @@ def test_page_explains_a_refused_connection_and_offers_retry(tandem_server, ques
                 break
         manager, browser, page = await open_page(question_wav)
         try:
-            await page.goto(url.replace("ws://", "http://") + "/")
+            await page.goto(url.replace("ws://", "http://") + f"/?transport={transport}")
             await page.get_by_role("button", name="Start").click()
             error = page.get_by_role("alert")
             await error.wait_for(state="visible", timeout=15000)

@@ -1,11 +1,16 @@
-// KAME browser client: microphone -> /api/chat (Ogg/Opus via WebCodecs where the browser has
-// it, else the raw PCM16 extension) -> gapless playback (PCM16 from the server), with the live
-// transcript, oracle, assistant text and latency figures.
+// KAME browser client, two transports: GPT-Live over WebRTC (live-webrtc.js: POST
+// /v1/live/sessions, the microphone as a media track) or /api/chat (microphone -> Ogg/Opus via
+// WebCodecs where the browser has it, else the raw PCM16 extension -> gapless playback of PCM16),
+// with the live transcript, oracle, assistant text, latency figures and the timeline (timeline.js).
+import { LiveSession } from "./live-webrtc.js";
 import { createOpusUplink } from "./ogg-opus.js";
+import { TimelineModel, legend, renderTimeline } from "./timeline.js";
 
 const KIND = { HANDSHAKE: 0, AUDIO: 1, TEXT: 2, ERROR: 5, EVENT: 7, CONTROL: 8, PCM: 9 };
 const RATE = 24000;
 const FRAME = 1920;
+const DEFAULT_TRANSPORT = "live"; // ?transport=chat|live picks one on load
+const TIMELINE_WINDOW_MS = 30000; // the live timeline shows the last 30 s
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -13,12 +18,34 @@ const ui = {
   backend: $("backend"), prompt: $("system-prompt"), apply: $("apply-button"),
   user: $("user-transcript"), oracle: $("oracle-text"), assistant: $("assistant-text"),
   rtt: $("rtt"), ttft: $("ttft"), level: $("level"), played: $("played"),
+  transport: $("transport"), remoteAudio: $("remote-audio"), timeline: $("timeline"),
 };
 
 // test hooks and figures (read by the browser test)
 window.kameStats = { framesSent: 0, framesReceived: 0, framesPlayed: 0, events: 0, uplink: null };
 
 let session = null;
+
+// the timeline: every event of the session, placed by its own time or by its arrival
+const timeline = { model: new TimelineModel(), t0: performance.now(), pending: null, ticker: null };
+
+function resetTimeline() {
+  timeline.model = new TimelineModel();
+  timeline.t0 = performance.now();
+  window.kameTimeline = timeline.model;
+  drawTimeline();
+}
+
+function recordEvent(event) {
+  timeline.model.add(event, performance.now() - timeline.t0);
+  if (!timeline.pending) timeline.pending = setTimeout(drawTimeline, 250);
+}
+
+function drawTimeline() {
+  timeline.pending = null;
+  const now = session ? performance.now() - timeline.t0 + (timeline.model.offset ?? 0) : null;
+  renderTimeline(ui.timeline, timeline.model, { now, windowMs: TIMELINE_WINDOW_MS });
+}
 
 function setStatus(text) { ui.status.textContent = text; }
 
@@ -33,6 +60,9 @@ function setRunning(running) {
   ui.button.setAttribute("aria-label", running ? "Stop" : "Start");
   ui.button.classList.toggle("on", running);
   ui.apply.disabled = !running;
+  ui.transport.disabled = running;
+  clearInterval(timeline.ticker); // while running, the timeline's cursor moves even without events
+  timeline.ticker = running ? setInterval(drawTimeline, 500) : null;
 }
 
 function wsUrl() {
@@ -76,17 +106,7 @@ class Session {
   }
 
   async start() {
-    showError("");
-    setStatus("requesting microphone");
-    try {
-      this.stream = await navigator.mediaDevices.getUserMedia({
-        audio: { echoCancellation: true, noiseSuppression: true, channelCount: 1 },
-      });
-    } catch (err) {
-      throw new Error(err.name === "NotAllowedError"
-        ? "Microphone access was denied. Allow the microphone for this page, then retry."
-        : `No microphone could be opened (${err.name}: ${err.message}).`);
-    }
+    this.stream = await openMicrophone();
     this.context = new AudioContext({ sampleRate: RATE });
     await this.context.audioWorklet.addModule("capture-worklet.js");
     await this.context.audioWorklet.addModule("playback-worklet.js");
@@ -156,7 +176,9 @@ class Session {
       }
       ui.rtt.textContent = Math.round(median(this.rtts));
     } else if (kind === KIND.TEXT) {
-      ui.assistant.textContent += new TextDecoder().decode(bytes.subarray(1));
+      const text = new TextDecoder().decode(bytes.subarray(1));
+      ui.assistant.textContent += text;
+      recordEvent({ type: "text", text });
     } else if (kind === KIND.EVENT) {
       window.kameStats.events += 1;
       this.onEvent(JSON.parse(new TextDecoder().decode(bytes.subarray(1))));
@@ -166,6 +188,7 @@ class Session {
   }
 
   onEvent(event) {
+    recordEvent(event);
     if (event.type === "ready") {
       fillBackends(event.backends, event.backend);
       if (!ui.prompt.value) ui.prompt.value = event.system_prompt;
@@ -227,12 +250,73 @@ class Session {
   }
 }
 
+async function openMicrophone() {
+  showError("");
+  setStatus("requesting microphone");
+  try {
+    return await navigator.mediaDevices.getUserMedia({
+      audio: { echoCancellation: true, noiseSuppression: true, channelCount: 1 },
+    });
+  } catch (err) {
+    throw new Error(err.name === "NotAllowedError"
+      ? "Microphone access was denied. Allow the microphone for this page, then retry."
+      : `No microphone could be opened (${err.name}: ${err.message}).`);
+  }
+}
+
+/** The WebRTC transport behind the same start/stop/configure as the /api/chat Session. */
+class LiveTransport {
+  async start() {
+    this.stream = await openMicrophone();
+    this.meter = levelMeter(this.stream);
+    window.kameStats.transport = "live-webrtc";
+    this.live = new LiveSession({
+      ui, setStatus, showError,
+      onEvent: (event) => { window.kameStats.events += 1; recordEvent(event); },
+      onEnded: (message) => {
+        this.stop();
+        session = null;
+        if (message) showError(message);
+      },
+    });
+    await this.live.start(this.stream);
+  }
+
+  configure() { this.live.configure(); }
+
+  stop() {
+    if (this.live) this.live.stop();
+    if (this.meter) this.meter.close();
+    if (this.stream) this.stream.getTracks().forEach((t) => t.stop());
+    setRunning(false);
+    setStatus("idle");
+    drawTimeline();
+  }
+}
+
+/** The microphone's level on the meter (the track itself goes to the peer connection). */
+function levelMeter(stream) {
+  const context = new AudioContext();
+  const analyser = context.createAnalyser();
+  context.createMediaStreamSource(stream).connect(analyser);
+  const samples = new Float32Array(analyser.fftSize);
+  const timer = setInterval(() => {
+    analyser.getFloatTimeDomainData(samples);
+    let sum = 0;
+    for (const v of samples) sum += v * v;
+    ui.level.value = Math.min(1, Math.sqrt(sum / samples.length) * 10);
+  }, 100);
+  return { close: () => { clearInterval(timer); context.close(); } };
+}
+
 function fillBackends(names, current) {
   ui.backend.replaceChildren(...names.map((name) => new Option(name, name, false, name === current)));
 }
 
 async function start() {
-  session = new Session();
+  session = ui.transport.value === "live" ? new LiveTransport() : new Session();
+  window.kameStats.transport = ui.transport.value === "live" ? "live-webrtc" : "chat";
+  resetTimeline();
   setRunning(true);
   try {
     await session.start();
@@ -253,6 +337,9 @@ ui.button.addEventListener("click", () => {
   }
 });
 ui.retry.addEventListener("click", () => start());
+ui.transport.value = new URLSearchParams(location.search).get("transport") || DEFAULT_TRANSPORT;
+ui.timeline.before(legend());
+resetTimeline();
 ui.apply.addEventListener("click", () => session && session.configure());
 
 fetch("/healthz").then((r) => r.json()).then((health) => {

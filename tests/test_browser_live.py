@@ -1,0 +1,82 @@
+"""The browser page over GPT-Live's WebRTC transport, in real headless Chromium with the fake
+microphone reading the question: the page's own RTCPeerConnection posts its offer to
+/v1/live/sessions on the real server, the panes fill from the Live events and the timeline draws
+the user's words, the backend's delegations and the assistant's speech.
+
+Skipped without Chromium, unless KAME_REQUIRE_BROWSER=1 (as test_browser.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from .test_browser import ARTIFACTS, open_page, question_wav  # noqa: F401 (a fixture)
+
+
+def count(selector: str) -> str:
+    return f"document.querySelectorAll({selector!r}).length"
+
+
+@pytest.mark.slow
+def test_page_talks_gpt_live_over_webrtc_and_draws_the_timeline(tandem_server, question_wav):  # noqa: F811
+    url, services = tandem_server
+    sessions_before = services.metrics.transport_sessions.labels("live-webrtc")._value.get()
+
+    async def scenario():
+        manager, browser, page = await open_page(question_wav)
+        try:
+            await page.set_viewport_size({"width": 1280, "height": 1000})
+            page_errors = []
+            page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+            await page.goto(url.replace("ws://", "http://") + "/?transport=live")
+            await page.get_by_role("button", name="Start").click()
+            await page.wait_for_function("document.querySelector('[data-testid=status]').textContent === 'connected'",
+                                         timeout=20000)
+            await page.wait_for_function(
+                "document.querySelector('[data-testid=user-transcript]').textContent.includes('capital')",
+                timeout=30000)
+            await page.wait_for_function(
+                "document.querySelector('[data-testid=assistant-text]').textContent"
+                ".includes('Paris is the capital of France')", timeout=30000)
+            await page.wait_for_function(f"{count('#timeline [data-kind=attempt][data-status=adopted]')} > 0"
+                                         f" && {count('#timeline [data-kind=assistant]')} > 0", timeout=10000)
+            await asyncio.sleep(1.0)  # the cursor and the last words drawn
+            result = {
+                "user": await page.get_by_test_id("user-transcript").text_content(),
+                "oracle": await page.get_by_test_id("oracle-text").text_content(),
+                "assistant": await page.get_by_test_id("assistant-text").text_content(),
+                "error_hidden": await page.locator("#error").is_hidden(),
+                "page_errors": page_errors,
+                "stats": await page.evaluate("window.kameStats"),
+                "attempts": await page.evaluate(count("#timeline [data-kind=attempt]")),
+                "user_blocks": await page.evaluate(count("#timeline [data-kind=user]")),
+                "assistant_blocks": await page.evaluate(count("#timeline [data-kind=assistant]")),
+                "oracle_resets": await page.evaluate(count("#timeline [data-kind=oracle-reset]")),
+                "first_answer": await page.evaluate("window.kameTimeline.firstAnswer()"),
+                "user_end": await page.evaluate("window.kameTimeline.userEnd()"),
+                "summary": await page.get_by_test_id("timeline-summary").text_content(),
+            }
+            ARTIFACTS.mkdir(exist_ok=True)
+            await page.screenshot(path=str(ARTIFACTS / "browser-live-session.png"), full_page=True)
+            await page.get_by_role("button", name="Stop").click()
+            await page.wait_for_function("document.querySelector('[data-testid=status]').textContent === 'idle'",
+                                         timeout=5000)
+            return result
+        finally:
+            await browser.close()
+            await manager.stop()
+
+    result = asyncio.run(scenario())
+    assert "capital of France" in result["user"], result
+    assert "Paris is the capital of France" in result["assistant"], result
+    assert "Paris" in result["oracle"], result  # the delegation's answer in the LLM pane
+    assert result["error_hidden"] and result["page_errors"] == [], result
+    assert result["stats"]["transport"] == "live-webrtc"
+    assert result["stats"]["events"] > 10 and result["stats"]["framesPlayed"] > 10  # the remote track played
+    assert result["attempts"] >= 1 and result["user_blocks"] >= 1 and result["assistant_blocks"] >= 1
+    assert result["oracle_resets"] >= 1  # kame.oracle, asked for with ?kame_events=true
+    assert result["first_answer"] is not None and result["user_end"] is not None
+    assert "first words came" in result["summary"]
+    assert services.metrics.transport_sessions.labels("live-webrtc")._value.get() == sessions_before + 1
