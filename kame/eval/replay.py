@@ -1,6 +1,7 @@
 """`kame replay DIR --llm PROFILE`: send a recorded session's audio through the server again (`--url`),
 or a tandem session in this process (`--in-process`), with another backend or prompt, and compare
-what the assistant said (regressions, A/B tests)."""
+what the assistant said (regressions, A/B tests). `--timeline out.html` draws one recorded session's
+timeline instead (kame/eval/timeline.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     replay.add_argument("--system-prompt", default=None)
     replay.add_argument("--fast", action="store_true", help="send as fast as the server (or engine) answers")
     replay.add_argument("--tail", type=float, default=0.0, help="extra silence after the recorded audio")
+    replay.add_argument("--timeline", default=None, metavar="OUT.html",
+                        help="write the recorded session's timeline (the browser page's) to one HTML file; "
+                             "nothing is replayed")
     add_in_process_args(replay)
     replay.set_defaults(func=run_replay)
 
@@ -43,6 +47,8 @@ def said(folder: Path) -> str:
 
 
 def run_replay(args: argparse.Namespace) -> int:
+    if args.timeline is not None:
+        return _timeline(Path(args.recording), Path(args.timeline))
     check_in_process_args(args, DEFAULT_URL)
     if args.llm is None and args.llm_model is None:
         raise KameError("--llm PROFILE is needed (or, with --in-process, --llm-base-url and --llm-model)")
@@ -57,6 +63,18 @@ def run_replay(args: argparse.Namespace) -> int:
                               system_prompt=args.system_prompt)
 
     return asyncio.run(replay_all(folders, talk, args.llm))
+
+
+def _timeline(recording: Path, out: Path) -> int:
+    from kame.eval.timeline import write_timeline
+
+    folders = sessions_in(recording)
+    if len(folders) > 1:
+        raise KameError(f"--timeline draws one session; {recording} holds {len(folders)}: "
+                        + ", ".join(f.name for f in folders))
+    write_timeline(folders[0], out)
+    print(json.dumps({"session": folders[0].name, "timeline": str(out)}))
+    return 0
 
 
 def _in_process(args: argparse.Namespace, folders: list[Path]) -> int:
