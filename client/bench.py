@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import re
 import time
@@ -25,15 +27,29 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     load.add_argument("--levels", default=None,
                       help="comma list of session counts (default: 1, 2, 4, ... up to --sessions)")
     load.add_argument("--token", default=None, help="auth token, if the server needs one")
-    load.add_argument("--transport", default="moshi", choices=["moshi", "realtime", "both"],
-                      help="moshi: /api/chat; realtime: /v1/realtime; both: each level on both, side by side")
+    load.add_argument("--transport", default="moshi", type=_transports,
+                      help="moshi: /api/chat; realtime: /v1/realtime; live, live-webrtc: /v1/live/sessions over "
+                           "WebSocket or WebRTC (client delegation); a comma list, or both (moshi,realtime): each "
+                           "level on each, side by side")
     load.add_argument("--input", default=None,
                       help="audio file each session speaks, looped (default: noise, which ASR leaves alone)")
     load.add_argument("--processes", type=int, default=1,
                       help="load generator processes to spread the sessions over (a session's Opus encoding holds "
                            "its process' GIL ~1 ms a frame: one process carries ~30 sessions; default 1)")
+    load.add_argument("--server-pid", type=int, default=None,
+                      help="the server's process id: its CPU with its children's (Opus processes) by psutil")
     load.add_argument("--json-out", default=None)
     load.set_defaults(func=run_load)
+
+
+TRANSPORTS = ("moshi", "realtime", "live", "live-webrtc")
+
+
+def _transports(value: str) -> list[str]:
+    names = ["moshi", "realtime"] if value == "both" else value.split(",")
+    if unknown := [name for name in names if name not in TRANSPORTS]:
+        raise argparse.ArgumentTypeError(f"unknown transport {unknown[0]!r}: one of {', '.join(TRANSPORTS)} or both")
+    return names
 
 
 def http_base(url: str) -> str:
@@ -54,10 +70,38 @@ def scrape(url: str) -> dict[str, float]:
         match = re.match(r"^(\w+) ([0-9.e+-]+)$", line)
         if match and match.group(1) in wanted:
             figures[wanted[match.group(1)]] = float(match.group(2))
-        bucket = re.match(r'^kame_event_loop_lag_seconds_bucket\{le="([^"]+)"\} ([0-9.e+-]+)$', line)
+        bucket = re.match(r'^kame_(event_loop_lag|frame_latency)_seconds_bucket\{le="([^"]+)"\} ([0-9.e+-]+)$', line)
         if bucket:
-            figures[f"lag_le_{bucket.group(1)}"] = float(bucket.group(2))
+            figures[f"{HISTOGRAMS[bucket.group(1)]}_le_{bucket.group(2)}"] = float(bucket.group(3))
+        dropped = re.match(r'^kame_frames_dropped_total\{direction="(\w+)"\} ([0-9.e+-]+)$', line)
+        if dropped:
+            figures[f"dropped_{dropped.group(1)}"] = float(dropped.group(2))
     return figures
+
+
+HISTOGRAMS = {"event_loop_lag": "lag", "frame_latency": "latency"}
+
+
+def bucket_bound_ms(before: dict[str, float], after: dict[str, float], name: str, q: float) -> float | None:
+    """The bucket bound under which the share `q` of a histogram's observations over a level fell (ms)."""
+    buckets = sorted((float(key.rpartition("_le_")[2]), after[key] - before.get(key, 0))
+                     for key in after if key.startswith(f"{name}_le_"))
+    count = buckets[-1][1] if buckets else 0
+    bound = next((bound for bound, n in buckets if count and n >= q * count), float("inf"))
+    return round(1000 * bound, 1) if bound != float("inf") else None
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and all its descendants (the server and its codec processes)."""
+    import psutil
+
+    total = 0.0
+    server = psutil.Process(pid)
+    for process in [server, *server.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
 
 
 def loop_lag(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
@@ -65,10 +109,8 @@ def loop_lag(before: dict[str, float], after: dict[str, float]) -> dict[str, flo
     count = after.get("lag_count", 0) - before.get("lag_count", 0)
     if not count:
         return {"mean": None, "p99_under": None}
-    bounds = sorted((float(key[7:]), after[key] - before.get(key, 0)) for key in after if key.startswith("lag_le_"))
-    p99 = next((bound for bound, n in bounds if n >= 0.99 * count), float("inf"))
     return {"mean": round(1000 * (after.get("lag_sum", 0) - before.get("lag_sum", 0)) / count, 2),
-            "p99_under": round(1000 * p99, 1) if p99 != float("inf") else None}
+            "p99_under": bucket_bound_ms(before, after, "lag", 0.99)}
 
 
 def wait_for_free_slots(url: str, wanted: int, limit_s: float = 10.0) -> None:
@@ -83,14 +125,22 @@ def wait_for_free_slots(url: str, wanted: int, limit_s: float = 10.0) -> None:
 
 
 def measure(url: str, sessions: int, seconds: float, transport: str = "moshi",
-            speech: np.ndarray | None = None, processes: int = 1) -> dict:
+            speech: np.ndarray | None = None, processes: int = 1, server_pid: int | None = None) -> dict:
+    first_frame = 0
+    if transport == "live-webrtc":  # where on the track the frames begin (a WebSocket session's first audio)
+        from client.live_client import first_sounding_frame
+
+        first_frame = asyncio.run(first_sounding_frame(url))
     wait_for_free_slots(url, sessions)
     before, started = scrape(url), time.monotonic()
+    tree_before = tree_cpu_s(server_pid) if server_pid else None
     if processes > 1:
-        run, client_cpu = load_level_in_processes(url, sessions, seconds, processes, transport, speech)
+        run, client_cpu = load_level_in_processes(url, sessions, seconds, processes, transport, speech, first_frame)
     else:
-        run, client_cpu = load_level_timed(url, sessions, seconds, transport=transport, speech=speech)
+        run, client_cpu = load_level_timed(url, sessions, seconds, transport=transport, speech=speech,
+                                           first_frame=first_frame)
     after, wall = scrape(url), time.monotonic() - started
+    tree_cores = None if tree_before is None else round((tree_cpu_s(server_pid) - tree_before) / wall, 3)
     steps = after.get("step_count", 0) - before.get("step_count", 0)
     step_ms = 1000 * (after.get("step_sum", 0) - before.get("step_sum", 0)) / steps if steps else None
     p50, p99 = percentile_ms(run.round_trips, 50), percentile_ms(run.round_trips, 99)
@@ -107,6 +157,13 @@ def measure(url: str, sessions: int, seconds: float, transport: str = "moshi",
         "overhead_ms": {"p50": None if p50 is None or step_ms is None else round(p50 - step_ms, 2),
                         "p99": None if p99 is None or step_ms is None else round(p99 - step_ms, 2)},
         "server_cpu_cores": round((after.get("cpu_s", 0) - before.get("cpu_s", 0)) / wall, 2),
+        "server_tree_cpu_cores": tree_cores,  # with its children (the Opus processes), by psutil
+        "server_tree_cpu_per_session": None if tree_cores is None else round(tree_cores / sessions, 3),
+        "server_frame_latency_ms": {"p50_under": bucket_bound_ms(before, after, "latency", 0.5),
+                                    "p99_under": bucket_bound_ms(before, after, "latency", 0.99)},
+        "server_frames_dropped": {d: after.get(f"dropped_{d}", 0) - before.get(f"dropped_{d}", 0)
+                                  for d in ("in", "out")},
+        "first_frame": first_frame if transport == "live-webrtc" else None,
         "client_cpu_cores": round(client_cpu / wall, 2),  # the load generator's own, beside the server's
         "loop_lag_ms": loop_lag(before, after),
         "server_rss_mb": round(after.get("rss_bytes", 0) / 2**20),
@@ -116,7 +173,7 @@ def measure(url: str, sessions: int, seconds: float, transport: str = "moshi",
 def run_load(args: argparse.Namespace) -> int:
     url = args.url + (("&" if "?" in args.url else "?") + f"token={args.token}" if args.token else "")
     levels = [int(x) for x in args.levels.split(",")] if args.levels else _doubling(args.sessions)
-    transports = ["moshi", "realtime"] if args.transport == "both" else [args.transport]
+    transports = args.transport
     speech = None
     if args.input:
         from kame.audio import read_audio
@@ -124,7 +181,7 @@ def run_load(args: argparse.Namespace) -> int:
     rows = []
     for sessions in levels:
         for transport in transports:  # side by side: each level on each transport, one after the other
-            row = measure(url, sessions, args.seconds, transport, speech, args.processes)
+            row = measure(url, sessions, args.seconds, transport, speech, args.processes, args.server_pid)
             rows.append(row)
             print(json.dumps(row), flush=True)
     fitting = [r["sessions"] for r in rows if r["round_trip_ms"]["p99"] is not None
@@ -147,14 +204,16 @@ def _doubling(limit: int) -> list[int]:
 
 def markdown(result: dict) -> str:
     lines = ["| transport | sessions | round trip p50 / p95 / p99 ms | engine step ms | overhead p50 / p99 ms | "
-             "mean batch | not back | untimed | late (>80 ms) | server CPU cores | server RSS MB |",
-             "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "mean batch | not back | untimed | late (>80 ms) | server CPU cores | server RSS MB | "
+             "with children cores per session | server frame latency p50 / p99 <= ms |",
+             "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in result["levels"]:
-        rt, oh = r["round_trip_ms"], r["overhead_ms"]
+        rt, oh, lat = r["round_trip_ms"], r["overhead_ms"], r.get("server_frame_latency_ms", {})
         lines.append(f"| {r.get('transport', 'moshi')} | {r['sessions']} | {rt['p50']} / {rt['p95']} / {rt['p99']} | "
                      f"{r['engine_step_ms']} | "
                      f"{oh['p50']} / {oh['p99']} | {r['batch_mean']} | {r['frames_dropped']} | "
                      f"{r.get('frames_untimed', 0)} | {r['frames_late']} | "
-                     f"{r['server_cpu_cores']} | {r['server_rss_mb']} |")
+                     f"{r['server_cpu_cores']} | {r['server_rss_mb']} | {r.get('server_tree_cpu_per_session')} | "
+                     f"{lat.get('p50_under')} / {lat.get('p99_under')} |")
     lines.append(f"\nlargest N with p99 round trip <= 80 ms: {result['max_sessions_p99_under_80ms']}")
     return "\n".join(lines)

@@ -144,15 +144,25 @@ class LatencyRun:
 REALTIME_LOAD_SESSION = {"kame": {"activity": "text+audio", "feed_silence": False, "events": True}}
 
 
-async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.Random,
-                         transport: str = "moshi", speech: np.ndarray | None = None) -> None:
+async def _connect(url: str, transport: str, first_frame: int):
+    """A timed session's client: moshi (/api/chat), realtime (/v1/realtime), live or live-webrtc
+    (/v1/live/sessions, client delegation)."""
+    from client.live_client import LiveAudio, LiveWebRTC
     from client.realtime_client import RealtimeAudio
 
+    if transport == "realtime":
+        return await RealtimeAudio.connect(url, session=REALTIME_LOAD_SESSION)
+    if transport == "live":
+        return await LiveAudio.connect(url)
+    if transport == "live-webrtc":
+        return await LiveWebRTC.connect(url, first_frame=first_frame)
+    return await KameClient.connect(url, events=True)  # events: the stats events' count of dropped frames
+
+
+async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.Random,
+                         transport: str = "moshi", speech: np.ndarray | None = None, first_frame: int = 0) -> None:
     try:
-        if transport == "realtime":
-            client = await RealtimeAudio.connect(url, session=REALTIME_LOAD_SESSION)
-        else:  # events for the stats events' count of dropped frames; the session's others are few
-            client = await KameClient.connect(url, events=True)
+        client = await _connect(url, transport, first_frame)
     except ServerRefused:
         run.refused += 1
         return
@@ -163,11 +173,11 @@ async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.
 
     async def receive() -> None:
         with contextlib.suppress(ConnectionClosed):
-            if transport == "realtime":
+            if transport != "moshi":
                 async for frame, pcm in client.audio():
-                    if frame is not None:  # the Realtime endpoint names the frame
+                    if frame is not None:  # the Realtime endpoint and the WebRTC track's pairing name it
                         received_at.append((frame, time.monotonic()))
-                    else:
+                    else:  # GPT-Live's deltas: one per frame, in order
                         matcher.audio(len(pcm))
                 return
             async for message in client:
@@ -196,11 +206,16 @@ async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.
     await client.close()
     await task
     matcher.end()
+    if transport == "live-webrtc":  # the track's frames, matched once the session's timeline is known
+        back, untimed = client.frames_back()
+        received_at.extend(back)
+        matcher.unmatched += untimed
     # each frame back answers the frame sent it names (the Realtime endpoint does not send the first
     # ones, before the model's audio is ready and its speech opens a response)
     trips = [at - sent_at[frame] for frame, at in received_at if frame < len(sent_at)]
     run.frames_sent += len(sent_at)
-    run.frames_received += len(received_at) + matcher.unmatched
+    # frames back past the last sent: silence GPT-Live's server fed once the client stopped
+    run.frames_received += sum(frame < len(sent_at) for frame, _ in received_at) + matcher.unmatched
     run.frames_unmatched += matcher.unmatched
     run.round_trips.extend(trips[3:])  # the first frames carry the connection's warm-up
 
@@ -236,27 +251,27 @@ class _MoshiFrames:
 
 
 async def load_level(url: str, sessions: int, seconds: float, seed: int = 0, transport: str = "moshi",
-                     speech: np.ndarray | None = None) -> LatencyRun:
+                     speech: np.ndarray | None = None, first_frame: int = 0) -> LatencyRun:
     """`sessions` timed sessions at once, each sending noise (or `speech`, 24 kHz, and a pause, looped) in
-    real time."""
+    real time. `first_frame`: live-webrtc's first output frame with sound (`first_sounding_frame`)."""
     run = LatencyRun(sessions, seconds)
     rng = random.Random(seed)
-    await asyncio.gather(*(_timed_session(url, seconds, run, random.Random(rng.random()), transport, speech)
-                           for _ in range(sessions)))
+    await asyncio.gather(*(_timed_session(url, seconds, run, random.Random(rng.random()), transport, speech,
+                                          first_frame) for _ in range(sessions)))
     return run
 
 
 def load_level_timed(url: str, sessions: int, seconds: float, seed: int = 0, transport: str = "moshi",
-                     speech: np.ndarray | None = None) -> tuple[LatencyRun, float]:
+                     speech: np.ndarray | None = None, first_frame: int = 0) -> tuple[LatencyRun, float]:
     """`load_level` run to its end in this process (or a load generator child's share of a level), and
     the CPU seconds it took."""
     cpu = time.process_time()
-    run = asyncio.run(load_level(url, sessions, seconds, seed, transport, speech))
+    run = asyncio.run(load_level(url, sessions, seconds, seed, transport, speech, first_frame))
     return run, time.process_time() - cpu
 
 
 def load_level_in_processes(url: str, sessions: int, seconds: float, processes: int, transport: str = "moshi",
-                            speech: np.ndarray | None = None) -> tuple[LatencyRun, float]:
+                            speech: np.ndarray | None = None, first_frame: int = 0) -> tuple[LatencyRun, float]:
     """A level's sessions spread over `processes` load generators (each session's Opus encoding holds its
     process' GIL for ~1 ms a frame, so one process cannot carry many): their runs merged, and their CPU
     seconds summed."""
@@ -266,7 +281,7 @@ def load_level_in_processes(url: str, sessions: int, seconds: float, processes: 
     shares = [sessions // processes + (i < sessions % processes) for i in range(processes)]
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=context) as pool:
-        parts = list(pool.map(load_level_timed, *zip(*[(url, n, seconds, i, transport, speech)
+        parts = list(pool.map(load_level_timed, *zip(*[(url, n, seconds, i, transport, speech, first_frame)
                                                   for i, n in enumerate(shares) if n], strict=True)))
     merged = LatencyRun(sessions, seconds)
     for run, _ in parts:

@@ -35,8 +35,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-import psutil
-from bench_ray import cpu_s  # (scripts/ is on the path of a script run from it)
+from client.bench import tree_cpu_s
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEECH = ROOT / "tests" / "fixtures" / "question.wav"
@@ -75,12 +74,6 @@ def stop_server(server: subprocess.Popen) -> None:
         server.wait(30)
     except subprocess.TimeoutExpired:
         server.kill()
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of a process and all its descendants (the server and its codec processes)."""
-    server = psutil.Process(pid)
-    return cpu_s([server, *server.children(recursive=True)])
 
 
 def load(port: int, sessions: int, seconds: float, out: Path) -> dict:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from client.live_client import TrackFrames, client_frames
 from client.loadgen import FRAME, _MoshiFrames
 from kame.cli import main
 from kame.frontend.engine import FRAME_SIZE, BatchedEngine, NullEngine
@@ -105,3 +106,19 @@ def test_the_null_engine_steps_nothing_but_keeps_the_slots_books(tiny):
     assert [out.oracle_token for out in null] == [out.oracle_token for out in real]
     assert [out.applied for out in null] == [out.applied for out in real]
     assert len(null[0].applied) == 1
+
+
+def test_webrtc_track_frames_are_counted_from_the_first_sound_and_matched_by_the_probes():
+    """The track's packets with sound, four a frame from the model's first audible frame; the
+    probes of the session's timeline take out the silence the server fed, and a frame back across a
+    jump (silence fed mid-session) is left untimed rather than matched to the wrong frame."""
+    track = TrackFrames(first=1)
+    peaks = [0.0] * 5 + [0.2] * 4 + [0.0] + [0.3] * 4  # silence, frame 1, an underrun, frame 2
+    assert [f for f in map(track.packet, peaks) if f is not None] == [1, 2]
+    back = [(frame, 10.0 + frame) for frame in range(2, 12)]
+    # 2 frames of silence before the client spoke; ~1.5 frames in flight at each later probe; at the
+    # 4th a frame of silence more (the lag jumps by one)
+    probes = [(160, 0), (380, 4), (700, 8), (1100, 12)]
+    matched, untimed = client_frames(back, probes, said=14)
+    assert matched == [(frame - 2, 10.0 + frame) for frame in range(2, 9)]
+    assert untimed == 3  # frames 9-11: between the 3rd probe (8.75 frames in) and the 4th, across the jump
