@@ -69,6 +69,8 @@ function wsUrl() {
   const scheme = location.protocol === "https:" ? "wss" : "ws";
   const params = new URLSearchParams({ events: "1", audio: "pcm" });
   if (ui.backend.value) params.set("backend", ui.backend.value);
+  const token = new URLSearchParams(location.search).get("token"); // a server with auth_tokens
+  if (token) params.set("token", token);
   return `${scheme}://${location.host}/api/chat?${params}`;
 }
 
