@@ -130,8 +130,9 @@ def measure(url: str, sessions: int, seconds: float, transport: str = "moshi",
     if transport == "live-webrtc":  # where on the track the frames begin (a WebSocket session's first audio)
         from client.live_client import first_sounding_frame
 
+        wait_for_free_slots(url, 1, limit_s=30)
         first_frame = asyncio.run(first_sounding_frame(url))
-    wait_for_free_slots(url, sessions)
+    wait_for_free_slots(url, sessions, limit_s=30)  # a loaded server releases the last level's slots late
     before, started = scrape(url), time.monotonic()
     tree_before = tree_cpu_s(server_pid) if server_pid else None
     if processes > 1:
