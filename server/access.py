@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from starlette.requests import HTTPConnection
 
+from server.client_secrets import ClientSecrets
 from server.settings import ServerSettings
 
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
@@ -24,6 +25,7 @@ class Refusal:
 class AccessControl:
     def __init__(self, settings: ServerSettings) -> None:
         self._tokens = [t.get_secret_value().encode() for t in settings.auth_tokens]
+        self.secrets = ClientSecrets(self._tokens)  # short-lived client secrets open sessions too
         self._origins = set(settings.allowed_origins)
         self._per_ip = settings.max_connections_per_ip
         self.connections: Counter[str] = Counter()
@@ -47,12 +49,17 @@ class AccessControl:
         return None
 
     def _token_ok(self, ws: HTTPConnection) -> bool:
-        """Bearer header, ?token=, or the Realtime browser clients' `openai-insecure-api-key.TOKEN` subprotocol."""
-        header = ws.headers.get("authorization", "")
-        given = header[7:] if header.lower().startswith("bearer ") else ws.query_params.get("token", "")
-        for protocol in ws.scope.get("subprotocols", []):  # browsers cannot set the header
-            if not given and protocol.startswith(KEY_SUBPROTOCOL):
-                given = protocol[len(KEY_SUBPROTOCOL):]
+        """A server token, or a client secret minted from one (`server/client_secrets.py`)."""
+        given = _given(ws)
+        return self.server_token(given) or self.secrets.valid(given)
+
+    def trusted(self, request: HTTPConnection) -> bool:
+        """The connection holds a server token, not a client secret (an open server trusts anyone):
+        what minting client secrets and attaching a sideband need."""
+        return not self._tokens or self.server_token(_given(request))
+
+    def server_token(self, given: str) -> bool:
+        """`given` is one of the server's own tokens (what may mint client secrets)."""
         given_bytes = given.encode()
         matched = False
         for token in self._tokens:  # every token is compared: the time taken says nothing
@@ -73,6 +80,17 @@ class AccessControl:
         self.connections[ip] -= 1
         if self.connections[ip] <= 0:
             del self.connections[ip]
+
+
+def _given(ws: HTTPConnection) -> str:
+    """The token a connection gives: Bearer header, ?token=, or the Realtime browser clients'
+    `openai-insecure-api-key.TOKEN` subprotocol (browsers cannot set the header)."""
+    header = ws.headers.get("authorization", "")
+    given = header[7:] if header.lower().startswith("bearer ") else ws.query_params.get("token", "")
+    for protocol in ws.scope.get("subprotocols", []):
+        if not given and protocol.startswith(KEY_SUBPROTOCOL):
+            given = protocol[len(KEY_SUBPROTOCOL):]
+    return given
 
 
 def _ip(ws: HTTPConnection) -> str:

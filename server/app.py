@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from kame.errors import EngineError, SessionError
 from kame.protocol import ProtocolError
 from kame.runtime import log_index_stats
+from server import client_secrets
 from server.access import AccessControl, Refusal
 from server.codec_process import CodecPool
 from server.live import sideband, webrtc
@@ -212,6 +213,11 @@ def create_app(settings: ServerSettings, services: Services | None = None,
     @app.options("/v1/live/sessions")
     async def live_webrtc_preflight(request: Request) -> Response:
         return Response(status_code=204, headers=webrtc.cors_headers(request, access, preflight=True))
+
+    @app.post("/v1/realtime/client_secrets")
+    async def client_secret(request: Request) -> Response:
+        """A short-lived client secret for a browser, minted with the server's token (docs/live.md)."""
+        return await client_secrets.create(request, access)
 
     @app.websocket("/v1/live/sessions/{session_id}/attach")
     async def live_sideband(ws: WebSocket, session_id: str) -> None:

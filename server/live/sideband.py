@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocket
 
 from kame.queues import DropOldestQueue
-from server.access import AccessControl
+from server.access import AccessControl, Refusal
 from server.live.adapter import LiveSession
 from server.transport import CLOSED
 
@@ -48,6 +48,8 @@ def find(sessions: set, session_id: str) -> LiveSession | None:
 async def attach(ws: WebSocket, session_id: str, sessions: set, access: AccessControl, capacity: int) -> None:
     """Serve one sideband connection until it or the session ends."""
     refusal = access.check(ws)
+    if refusal is None and not access.trusted(ws):  # a browser's client secret does not watch others
+        refusal = Refusal(401, 1008, "a sideband needs the server's token, not a client secret")
     live = find(sessions, session_id) if refusal is None else None
     if refusal is not None or live is None:
         status, reason = (refusal.status, refusal.reason) if refusal else (404, f"no live session {session_id!r}")

@@ -30,6 +30,7 @@ from kame.clock import Clock
 from kame.errors import EngineError, SessionError
 from kame.session import TandemSession
 from server.access import AccessControl, Refusal
+from server.http_errors import error_response
 from server.live.adapter import LiveCarrier, LiveSession, live_facts
 from server.live.client_events import LiveError, invalid, unknown_parameter
 from server.live.mapping import LiveMapping
@@ -304,13 +305,6 @@ async def read_body(request: Request, limit_bytes: int) -> object:
 REFUSAL_CODES = {401: ("invalid_request_error", "invalid_api_key"),
                  403: ("invalid_request_error", "origin_not_allowed"),
                  429: ("rate_limit_error", "too_many_sessions"), 503: ("server_error", "server_busy")}
-
-
-def error_response(status: int, kind: str, code: str, message: str, param: str | None = None,
-                   headers: dict | None = None) -> JSONResponse:
-    """An OpenAI-style error body."""
-    return JSONResponse({"error": {"type": kind, "code": code, "message": message, "param": param}},
-                        status_code=status, headers=headers)
 
 
 def cors_headers(request: Request, access: AccessControl, preflight: bool = False) -> dict[str, str]:
