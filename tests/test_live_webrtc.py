@@ -269,3 +269,26 @@ def test_one_slot_per_peer_connection_given_back_when_the_peer_goes(guarded_serv
     busy = asyncio.run(go())
     assert busy.status_code == 503 and busy.json()["error"]["code"] == "server_busy"
     wait_until_all_slots_free(services, 15)
+
+
+def test_the_data_channel_permissions_limit_what_the_browser_sends_and_gets():
+    """`session.client.data_channel`: an untrusted browser sends and gets only the allowed events."""
+    from openai.types.live import DataChannelConfig
+
+    from server.live.webrtc import ChannelPermissions
+
+    everything = ChannelPermissions(None)
+    assert everything.may_send("session.close") and everything.may_get({"type": "error"})
+    assert ChannelPermissions(DataChannelConfig(allowed_client_events="all")).may_send("session.update")
+    narrow = ChannelPermissions(DataChannelConfig.model_validate({
+        "allowed_client_events": ["session.input_audio.mute"],
+        "allowed_server_events": [{"type": "session.output_transcript.delta"},
+                                  {"type": "response.event", "response_event": "response.completed"}]}))
+    assert narrow.may_send("session.input_audio.mute") and not narrow.may_send("session.commentary.append")
+    assert not narrow.may_send(None)
+    assert narrow.may_get({"type": "session.output_transcript.delta", "delta": "hi"})
+    assert narrow.may_get({"type": "response.event", "event": {"type": "response.completed"}})
+    assert not narrow.may_get({"type": "response.event", "event": {"type": "response.created"}})
+    assert not narrow.may_get({"type": "session.delegation.created"})
+    none = ChannelPermissions(DataChannelConfig(allowed_client_events=[], allowed_server_events=[]))
+    assert not none.may_send("session.close") and not none.may_get({"type": "session.closed"})

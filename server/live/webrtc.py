@@ -20,7 +20,7 @@ import numpy as np
 import soxr
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
-from openai.types.live import SessionConfig
+from openai.types.live import DataChannelConfig, SessionConfig
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -102,6 +102,26 @@ class AssistantTrack(MediaStreamTrack):
         return frame
 
 
+class ChannelPermissions:
+    """`session.client.data_channel`: which events an untrusted browser may send and receive on its
+    data channel (a sideband is not limited). None: all."""
+
+    def __init__(self, config: DataChannelConfig | None) -> None:
+        sends = None if config is None else config.allowed_client_events
+        gets = None if config is None else config.allowed_server_events
+        self.sends = None if sends in (None, "all") else frozenset(sends)
+        self.gets = None if gets in (None, "all") else frozenset((g.type, g.response_event) for g in gets)
+
+    def may_send(self, kind: object) -> bool:
+        return self.sends is None or kind in self.sends
+
+    def may_get(self, event: dict) -> bool:
+        if self.gets is None:
+            return True
+        nested = event["event"].get("type") if event["type"] == "response.event" else None
+        return (event["type"], nested) in self.gets
+
+
 class WebRTCSession(LiveSession):
     """One Live session on one peer connection; `answer` starts it, `run` serves it until the peer
     goes, `session.close` or a limit."""
@@ -112,6 +132,7 @@ class WebRTCSession(LiveSession):
                  clock: Clock | None = None) -> None:
         super().__init__(None, services, events, clock)
         self.config = config
+        self.permissions = ChannelPermissions(config.client.data_channel if config.client else None)
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # host candidates: no STUN round trip
         self.track = AssistantTrack()
         self._inbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()  # None: the peer has gone
@@ -125,7 +146,8 @@ class WebRTCSession(LiveSession):
         """Start the session (LiveError) and answer the client's offer (LiveError for a bad one)."""
         self.mapping = LiveMapping(live_facts(self.id, self.services, tandem, "webrtc", self.events))
         record = self._recorder.write_event if self._recorder is not None else None
-        self.carrier = LiveCarrier(self.mapping, tandem, self.clock, self._enqueue, self.track.play, record)
+        self.carrier = LiveCarrier(self.mapping, tandem, self.clock, self._enqueue, self.track.play, record,
+                                   self.services.metrics)
         self.mapping.start(self.config, self.clock.now())
         self.carrier.carry_out()
         self.pc.on("datachannel", self._on_channel)
@@ -183,6 +205,17 @@ class WebRTCSession(LiveSession):
 
     def _extra_tasks(self, tandem: TandemSession) -> list:
         return [*super()._extra_tasks(tandem), self._listen()]
+
+    def _enqueue(self, event: dict, droppable: bool) -> None:
+        if self.permissions.may_get(event):
+            super()._enqueue(event, droppable)
+
+    async def _on_message(self, message: dict, tandem: TandemSession) -> None:
+        kind = _event_type(message.get("text"))
+        if not self.permissions.may_send(kind):
+            raise LiveError("event_not_allowed", f"{kind} is not among this data channel's allowed client events "
+                            "(session.client.data_channel.allowed_client_events).", "type")
+        await super()._on_message(message, tandem)
 
     async def _next_message(self) -> dict:
         """The data channel's next message: no idle limit (the audio comes on the track)."""
@@ -242,6 +275,14 @@ class WebRTCSession(LiveSession):
 
 
 # -------------------------------------------------------------------- the POST's body
+
+
+def _event_type(text: str | None) -> object:
+    """A data channel message's `type`, for the permission check (None when it has none: the
+    mapping refuses such a message as usual)."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        return json.loads(text).get("type")
+    return None
 
 
 def parse_offer(raw: object) -> tuple[SessionConfig, str]:
