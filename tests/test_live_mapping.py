@@ -358,3 +358,22 @@ def test_webrtc_sessions_carry_audio_on_the_track_not_in_events():
     assert rig.events() == [] and len(rig.of(act.Play)) == 1
     assert rig.error(type="session.input_audio.append", audio="AAAA").code == "invalid_request"
 
+
+
+def test_a_sideband_replay_leads_with_the_sessions_snapshot_however_old():
+    import asyncio
+
+    from server.live.adapter import REPLAY_EVENTS, LiveCarrier
+
+    async def carrier_of(mapping) -> LiveCarrier:  # it is built on the session's loop
+        return LiveCarrier(mapping, tandem=None, clock=None, send=lambda event, droppable: None)
+
+    carrier = asyncio.run(carrier_of(Rig().mapping))
+    carrier._reflect({"type": "session.started", "event_id": "e1"})
+    assert carrier.replayed() == [{"type": "session.started", "event_id": "e1"}]
+    for n in range(REPLAY_EVENTS):
+        carrier._reflect({"type": "session.output_transcript.delta", "event_id": f"d{n}"})
+    replay = carrier.replayed()
+    assert replay[0]["type"] == "session.started" and len(replay) == REPLAY_EVENTS + 1
+    carrier._reflect({"type": "session.input_audio.append", "audio": ""}, True)  # audio is never replayed
+    assert carrier.replayed()[-1]["event_id"] == f"d{REPLAY_EVENTS - 1}"

@@ -63,6 +63,7 @@ class LiveCarrier:
         self.timer = DeadlineTimer(clock, mapping.wake_at, self._on_time, f"live session {mapping.facts.session_id}")
         self.replay: collections.deque[dict] = collections.deque(maxlen=REPLAY_EVENTS)  # for a sideband attaching
         self.sidebands: set = set()  # `sideband.Sideband`s watching this session
+        self._snapshot: dict | None = None  # the latest session.started or .updated
         self.finished: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
 
     def _on_time(self, now: float) -> None:
@@ -112,9 +113,17 @@ class LiveCarrier:
             self._reflect(self.mapping.outbox.event("session.output_audio.delta", delta=_pcm16(event.pcm),
                                                     start_ms=start, end_ms=start + round(FRAME_S * 1000)), True)
 
+    def replayed(self) -> list[dict]:
+        """What a sideband gets on attaching: the session's latest snapshot (session.started or
+        .updated) even when it is older than the recent events, then those."""
+        recent = list(self.replay)
+        return recent if self._snapshot is None or self._snapshot in recent else [self._snapshot, *recent]
+
     def _reflect(self, event: dict, droppable: bool = False) -> None:
         if not droppable:
             self.replay.append(event)
+            if event["type"] in ("session.started", "session.updated"):
+                self._snapshot = event
         for sideband in self.sidebands:
             sideband.put(event, droppable)
 

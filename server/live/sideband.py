@@ -57,7 +57,7 @@ async def attach(ws: WebSocket, session_id: str, sessions: set, access: AccessCo
         return
     await ws.accept()
     band = Sideband(capacity)
-    for event in live.carrier.replay:
+    for event in live.carrier.replayed():
         band.put(event, False)
     live.carrier.sidebands.add(band)
     logger.info("session %s: a sideband attached", session_id)
