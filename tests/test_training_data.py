@@ -157,7 +157,11 @@ def test_whisper_dialogues_tokenized_with_tiny_and_a_rerun_does_nothing(tmp_path
 
     paths = make_dialogues(tmp_path / "data", 3, seed=5)
     run = tmp_path / "run"
-    prepare(tmp_path / "data", run, device="cpu")
+    prepare(tmp_path / "data", run, device="cpu", workers=2)  # two Whisper processes, as on any 2-core CPU
+    prepare(tmp_path / "data", tmp_path / "one", device="cpu", workers=1)  # the same words from one process
+    for path in paths:
+        assert (run / "prepared" / f"{path.stem}.json").read_text() == \
+            (tmp_path / "one" / "prepared" / f"{path.stem}.json").read_text()
     simulate(run)
     tokenize(run, frontend="tiny", device="cpu")
     recovered = 0
@@ -257,6 +261,27 @@ def test_bad_dialogues_are_named_in_one_line_errors(tmp_path, make, message):
         prepare(tmp_path / "data", tmp_path / "run")
     assert path.name in str(error.value) or path.with_suffix(".json").name in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_a_bad_dialogue_among_many_is_named_by_the_worker_that_found_it(tmp_path):
+    from kame.testing.dialogues import make_dialogues
+
+    make_dialogues(tmp_path / "data", 2, seed=5)
+    bad = _silent_right(tmp_path / "data")
+    with pytest.raises(DataError, match="the right \\(assistant\\) channel is silent") as error:
+        prepare(tmp_path / "data", tmp_path / "run", device="cpu", workers=2)
+    assert bad.name in str(error.value)
+
+
+def test_prepare_workers_one_per_core_on_a_cpu_one_on_a_gpu(monkeypatch):
+    from kame.training import dialogues
+
+    monkeypatch.setattr(dialogues.os, "cpu_count", lambda: 8)
+    assert dialogues.prepare_workers("cpu", 100) == 4  # at most 4
+    assert dialogues.prepare_workers("cpu", 3) == 3  # never more than the dialogues
+    assert dialogues.prepare_workers("cpu", 0) == 1
+    assert dialogues.prepare_workers("cuda", 100) == 1
+    assert dialogues.prepare_workers("cpu", 100, workers=6) == 6
 
 
 def test_the_cli_stages_in_a_subprocess(tmp_path):

