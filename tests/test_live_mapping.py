@@ -18,6 +18,7 @@ from server.live import actions as act
 from server.live.client_events import LiveError
 from server.live.config import LiveFacts
 from server.live.mapping import MAX_CONTENT_TOKENS, LiveMapping
+from tests.mapping_rig import ActionLog
 
 SERVER_EVENT = TypeAdapter(ServerEvent)
 START = 1000.0
@@ -31,30 +32,17 @@ def facts(**kw) -> LiveFacts:
     return LiveFacts(**(base | kw))
 
 
-class Rig:
+class Rig(ActionLog):
     """One mapping on a hand-driven clock; `events()` are the server events since the last call (each
     validated by the SDK's types), `calls` every other action."""
 
     def __init__(self, **kw) -> None:
         self.now = START
-        self.mapping = LiveMapping(facts(**kw))
-        self.calls: list = []
-        self._sent: list[dict] = []
+        super().__init__(LiveMapping(facts(**kw)), act.Send)
 
-    def _collect(self) -> None:
-        for action in self.mapping.take():
-            if isinstance(action, act.Send):
-                event = json.loads(json.dumps(action.event))  # what the wire carries
-                if not event["type"].startswith("kame."):
-                    SERVER_EVENT.validate_python(event)
-                self._sent.append(event)
-            else:
-                self.calls.append(action)
-
-    def events(self) -> list[dict]:
-        self._collect()
-        sent, self._sent = self._sent, []
-        return sent
+    def check(self, event: dict) -> None:
+        if not event["type"].startswith("kame."):
+            SERVER_EVENT.validate_python(event)
 
     def types(self) -> list[str]:
         return [e["type"] for e in self.events()]

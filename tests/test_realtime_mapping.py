@@ -21,6 +21,7 @@ from server.realtime import RealtimeError, RealtimeMapping, RealtimeSession
 from server.realtime import actions as act
 from server.realtime.config import SessionFacts
 from server.settings import RealtimeSettings, ServerSettings
+from tests.mapping_rig import ActionLog
 
 NOISE = np.full(1920, 0.1, np.float32)
 START = 1000.0
@@ -33,28 +34,14 @@ def facts(**options) -> SessionFacts:
                         RealtimeSettings(**options), 1 << 20)
 
 
-class Rig:
+class Rig(ActionLog):
     """One mapping on a hand-driven clock; `events()` are the server events it sent since the last
     call, `calls` every session call it made."""
 
     def __init__(self, beta: bool = False, **options) -> None:
         self.now = START
-        self.mapping = RealtimeMapping(facts(**options), "kame", beta, self.now)
+        super().__init__(RealtimeMapping(facts(**options), "kame", beta, self.now), act.Send)
         self.frame = 0
-        self.calls: list = []
-        self._sent: list[dict] = []
-
-    def _collect(self) -> None:
-        for action in self.mapping.take():
-            if isinstance(action, act.Send):
-                self._sent.append(json.loads(json.dumps(action.event)))  # what the wire carries
-            else:
-                self.calls.append(action)
-
-    def events(self) -> list[dict]:
-        self._collect()
-        sent, self._sent = self._sent, []
-        return sent
 
     def session_calls(self, kind: type) -> list:
         self._collect()
