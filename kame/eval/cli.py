@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     mt.add_argument("--asr-model", default="tiny.en", help="Whisper model transcribing the assistant")
     add_in_process_args(mt)
     mt.set_defaults(func=run_mtbench)
+    _register_robustness(evals)
 
 
 def modes_of(args: argparse.Namespace) -> tuple[Mode, ...]:
@@ -99,3 +101,115 @@ def _in_process(args: argparse.Namespace, settings: EvalSettings) -> Path:
     runtime = start_runtime(args, [m.backend for m in settings.modes], realtime=not args.fast)
     source = in_process_source(runtime, args.tail, realtime=not args.fast)
     return run_in_process(runtime, lambda: evaluate(source, settings))
+
+
+# ----------------------------------------------------------------------------- kame eval robustness
+
+
+def _register_robustness(evals: argparse._SubParsersAction) -> None:
+    rb = evals.add_parser("robustness", help="short questions said as real users say them (pauses, fillers, "
+                                             "background speech, a phone line, echo), in this process")
+    rb.add_argument("--out", default="eval-robustness", help="folder for results.json, report.md (default "
+                                                             "eval-robustness)")
+    rb.add_argument("--conditions", default=None, help="comma list (default: all; see docs/evaluation.md)")
+    rb.add_argument("--voices", default=None, help="comma list of voices (default piper:joe,flite:slt,flite:rms)")
+    rb.add_argument("--limit", type=int, default=None, help="first N questions only")
+    rb.add_argument("--tail", type=float, default=4.0, help="seconds of silence after a question (default 4)")
+    rb.add_argument("--echo-delay-ms", type=float, default=120.0, help="echo: speaker to mic (default 120)")
+    rb.add_argument("--echo-gain-db", type=float, default=-6.0, help="echo: its level (default -6)")
+    rb.add_argument("--assistant-voice", default="auto",
+                    help="echo: what the speaker plays: 'audio' (the front-end's own), a voice that says the "
+                         "front-end's text, or auto (flite:kal16 for an untrained preset, whose audio is noise)")
+    rb.add_argument("--grace", type=float, default=None, help="the answer in place this long after the user "
+                                                              "stops is the one judged (default 1.0 s)")
+    rb.add_argument("--seed", type=int, default=0)
+    rb.add_argument("--input-processor", default=None, metavar="MODULE:FACTORY",
+                    help="called once per session, returns process_input(mic_frame, played_frame) -> frame "
+                         "(an echo canceller), run on every input frame")
+    rb.add_argument("--scripted-llm", action="store_true",
+                    help="the LLM is a scripted one on loopback that answers a question only once it heard "
+                         "its last words (CPU runs; not with --llm-model)")
+    rb.add_argument("--scripted-llm-first-token", type=float, default=0.0, metavar="S",
+                    help="its first-token delay in seconds (default 0)")
+    add_llm_arg(rb, "LLM profile (built-in, or 'custom' with --llm-model; default embedded)")
+    add_in_process_args(rb)  # --in-process is implied: the loop is closed frame by frame in this process
+    rb.set_defaults(func=run_robustness)
+
+
+def run_robustness(args: argparse.Namespace) -> int:
+    from kame.eval.conditions import pick as pick_conditions
+    from kame.eval.robustness import load_questions
+
+    args.in_process, args.url = True, None
+    check_in_process_args(args, DEFAULT_URL)
+    if args.scripted_llm and args.llm_model is not None:
+        raise KameError("--scripted-llm or --llm-model: one or the other")
+    try:
+        conditions = pick_conditions(args.conditions)
+    except ValueError as exc:
+        raise KameError(str(exc)) from exc
+    from kame.eval.voices import pick as pick_voices
+
+    voices, questions = pick_voices(args.voices), load_questions(args.limit)  # said before any model loads
+    processor = _factory(args.input_processor) if args.input_processor else None
+    server = _scripted_llm(args, questions) if args.scripted_llm else None
+    try:
+        results, settings = _robustness_in_process(args, conditions, voices, questions, processor)
+    finally:
+        if server is not None:
+            server.stop_thread()
+    from kame.eval.robustness_metrics import table
+
+    print(table(results, [c.name for c in settings.conditions]))
+    print(f"wrote {settings.out / 'report.md'} and {settings.out / 'results.json'}")
+    return 0
+
+
+def _factory(spec: str):
+    import importlib
+
+    module, _, name = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise KameError(f"--input-processor {spec}: {exc}") from exc
+
+
+def _scripted_llm(args: argparse.Namespace, questions):
+    from kame.eval.robustness import scripted_reply
+    from kame.testing.openai_server import ScriptedOpenAIServer
+
+    server = ScriptedOpenAIServer(scripted_reply(questions, args.scripted_llm_first_token))
+    server.start_in_thread()
+    args.llm_base_url, args.llm_model, args.llm_api_key_env = server.base_url, "scripted", None
+    return server
+
+
+def _robustness_in_process(args, conditions, voices, questions, processor):
+    from kame.eval.inprocess import CUSTOM, run_in_process, start_runtime
+    from kame.eval.robustness import RobustnessSettings, converse_closed_loop, evaluate
+    from kame.eval.voices import ASSISTANT_VOICE, voice
+    from kame.frontend.presets import PRESET_NAMES
+    from kame.session import SessionConfig
+
+    backend = args.llm or (CUSTOM if args.llm_model is not None else None)
+    runtime = start_runtime(args, [backend], realtime=True)
+    spoken = args.assistant_voice
+    if spoken == "auto":
+        spoken = ASSISTANT_VOICE if runtime.frontend.source in PRESET_NAMES else "audio"
+    assistant = None if spoken == "audio" else voice(spoken)
+    flags = {k: v for k, v in vars(args).items() if k not in ("func", "llm_base_url")}
+    settings = RobustnessSettings(Path(args.out), tuple(conditions), tuple(voices), tuple(questions),
+                                  args.echo_delay_ms / 1000, args.echo_gain_db, seed=args.seed,
+                                  assistant_voice=assistant, input_processor=processor,
+                                  report_settings=flags | {"frontend_source": runtime.frontend.source,
+                                                           "assistant_voice": spoken})
+    if args.grace is not None:
+        settings = dataclasses.replace(settings, grace_s=args.grace)
+    config = SessionConfig(backend=backend, realtime=True)
+    speak = assistant.speaker(settings.out / "tts") if assistant else None
+
+    async def source(pcm, echo, process_input):
+        return await converse_closed_loop(runtime, pcm, config, args.tail, echo, process_input, speak)
+
+    return run_in_process(runtime, lambda: evaluate(source, settings)), settings
