@@ -14,7 +14,7 @@ import enum
 import json
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from kame.audio import FRAME_SIZE, SAMPLE_RATE  # named once in kame.audio; clients take them from here
 from kame.session_events import (
@@ -89,6 +89,12 @@ class TranscriptEvent(_Event):
     text: str
     start_s: float  # audio time of the session (seconds of audio the client sent)
     end_s: float
+    backchannel: Literal[True] | None = None  # only on a backchannel ("mm-hm" while the assistant spoke)
+
+    @field_validator("backchannel", mode="before")
+    @classmethod
+    def _only_when_true(cls, value: bool | None) -> Literal[True] | None:
+        return True if value else None
 
 
 class OracleEvent(_Event):

@@ -284,8 +284,10 @@ class TandemSession:
         async for event in self._asr.transcripts():
             final = isinstance(event, FinalTranscript)
             lag = self._timing.lag(event.end_s)  # a final's: the answer comes from a stream started from now on
-            self._emit(Transcript(final, event.text, round(event.start_s, 3), round(event.end_s, 3), lag))
-            self.planner.on_transcript(event)
+            backchannel = self.planner.is_backchannel(event)
+            self._emit(Transcript(final, event.text, round(event.start_s, 3), round(event.end_s, 3), lag, backchannel))
+            if not backchannel:
+                self.planner.on_transcript(event)
 
     def _asr_failed(self, message: str) -> None:
         logger.warning("session %s: %s", self.id, message)

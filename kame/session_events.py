@@ -39,6 +39,7 @@ class Transcript:
     start_s: float
     end_s: float
     lag_s: float  # wall time from receiving the audio up to end_s to this transcript
+    backchannel: bool = False  # "mm-hm" while the assistant spoke: the planner let it pass, no turn
 
 
 @dataclass(frozen=True)

@@ -526,3 +526,39 @@ def test_the_prompt_keeps_max_history_turns(tok):
     # the three newest closed turns, then what the assistant is saying now; "one two" is forgotten
     assert rig.planner.conversation == ["user: three four", "assistant: ok", "user: five six", "assistant: ok"]
     assert len(rig.planner._conv.turns) == 3  # and not kept either
+
+
+# ------------------------------------------------------------------ backchannels
+
+
+def test_a_backchannel_while_the_assistant_speaks_is_no_turn(tok):
+    """"Mm-hmm." while the front-end says its answer: no attempt, no user turn, the oracle kept; the
+    same word once the assistant has been quiet for the window, or after it asked something, is a turn."""
+    async def scenario():
+        rig = Rig(tok, [FakeReply.of_words("Paris is the capital.", delay_s=0.1)] * 4)
+        rig.final("what is the capital of France")
+        await rig.advance_to(1.0)
+        await settle()
+        resets = len(rig.resets())
+        rig.planner.on_assistant_text(" Paris is")
+        await rig.advance_to(1.5)
+        for text in ("Mm-hmm.", "Right, right."):
+            for event in (PartialTranscript(text, 3.0, 3.4), FinalTranscript(text, 3.0, 3.6)):
+                assert rig.planner.is_backchannel(event), text
+        assert not rig.planner.is_backchannel(FinalTranscript("Really?", 3.0, 3.6))
+        assert not rig.planner.is_backchannel(FinalTranscript("and what about Spain", 3.0, 3.6))
+        starts = len(rig.of("started"))
+        conversation = rig.planner.conversation
+        await rig.advance_to(1.5 + PlannerConfig.backchannel_window_s + 0.1)  # the assistant fell quiet
+        quiet = rig.planner.is_backchannel(FinalTranscript("Okay.", 3.0, 3.6))
+        rig.planner.on_assistant_text(" the capital. Anything else?")
+        asked = rig.planner.is_backchannel(FinalTranscript("Yeah.", 5.0, 5.4))
+        off = Rig(tok, config=PlannerConfig(backchannel_window_s=0))
+        off.planner.on_assistant_text(" Paris is")
+        await rig.planner.aclose()
+        return rig, resets, starts, conversation, quiet, asked, off.planner.is_backchannel(FinalTranscript("Mm.", 0, 1))
+
+    rig, resets, starts, conversation, quiet, asked, off = run(scenario())
+    assert resets == 1 and starts == 1  # nothing happened on the backchannels (only asked, never passed on)
+    assert conversation == ["user: what is the capital of France", "assistant: Paris is"]
+    assert not quiet and not asked and not off

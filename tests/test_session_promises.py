@@ -293,3 +293,29 @@ def test_stats_come_on_the_clock(tiny_copy, engine):
     before, after = run(scenario())
     assert not before
     assert after == [SessionStats(5, 5, 0, 0.0)]  # no clock time passed between a frame in and out
+
+
+def test_a_backchannel_while_the_assistant_speaks_leaves_its_answer_alone(tiny_copy, engine):
+    """The user says "Mm-hmm." while the front-end says the answer: the transcript comes out marked as
+    a backchannel, and the planner starts nothing on it (the answer's oracle stays in place)."""
+    script = [(0.79, FinalTranscript("what is the capital of France", 0.0, 0.8)),
+              (4.0, FinalTranscript("Mm-hmm.", 3.6, 4.0))]
+
+    async def scenario():
+        rig = Rig(tiny_copy, engine, script, [FakeReply.of_words(ANSWER)] * 2)
+        seen = await rig.open()
+        await seen.speak(0.88)  # the final: attempt 1 answers at once
+        await seen.speak_until(lambda: "paris" in seen.said())  # the front-end is saying it
+        heard = len(seen.of(AssistantAudio)) * 0.08
+        assert heard < 4.0, heard  # still before the backchannel
+        await seen.speak(4.08 - heard)
+        await seen.until(lambda: len(seen.of(Transcript)) == 2)
+        await seen.speak(0.8)
+        await seen.session.aclose()
+        return rig, seen
+
+    rig, seen = run(scenario())
+    first, second = seen.of(Transcript)
+    assert not first.backchannel and second.backchannel and second.text == "Mm-hmm."
+    assert len(rig.llm.calls) == 1 and [e.epoch for e in seen.of(LLMAttempt) if e.phase == "started"] == [1]
+    assert [e.epoch for e in seen.of(OracleApplied) if e.op == "reset"] == [1]

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from kame.asr.events import FinalTranscript, PartialTranscript, TranscriptEvent
+from kame.backend.backchannel import is_backchannel
 from kame.backend.chunker import WordChunker
 from kame.backend.llm import ChatMessage, LLMClient, LLMError, ToolCalls
 from kame.clock import Clock, MonotonicClock
@@ -87,6 +88,7 @@ class PlannerConfig:
     max_tool_rounds: int = 3  # tool-call rounds per attempt; the round after the last offers no tools
     knowledge_limit: int = 4  # passages retrieved per attempt ...
     knowledge_budget_tokens: int = 400  # ... within about this many tokens
+    backchannel_window_s: float = 1.5  # "mm-hm" this soon after the assistant's last words is no turn; 0: off
 
 
 @dataclass
@@ -231,12 +233,23 @@ class Planner:
         self._owner = 0  # epoch of the stream that owns the oracle (0: none)
         self._oracle = _Oracle()
         self._turn = 0  # user turns begun
+        self._assistant_at: float | None = None  # when the front-end last said a word
         self._deferred: asyncio.Task | None = None
         self._deferred_messages: list[ChatMessage] | None = None
         self._tasks: set[asyncio.Task] = set()
         self.attempts: deque[AttemptRecord] = deque(maxlen=64)  # the recent ones, oldest first (benchmarks, tests)
 
     # ------------------------------------------------------------------ inputs
+
+    def is_backchannel(self, event: TranscriptEvent) -> bool:
+        """`event` is the user's "mm-hm", "right", "yeah" while the assistant speaks (its last words
+        `backchannel_window_s` ago at most, and no user turn open): the listener's feedback, not a
+        turn. Not after the assistant asked something ("yeah" then answers it). A transport that
+        gets True passes the event to neither `on_transcript` nor its own turn-taking."""
+        window = self.config.backchannel_window_s
+        return (window > 0 and self._conv.user_closed and self._assistant_at is not None
+                and self.clock.now() - self._assistant_at <= window
+                and not self._conv.assistant_said.rstrip().endswith("?") and is_backchannel(event.text))
 
     def on_transcript(self, event: TranscriptEvent) -> None:
         if self._conv.user_closed:  # a new user utterance begins with this event
@@ -260,6 +273,8 @@ class Planner:
     def on_assistant_text(self, text: str) -> None:
         """What the front-end actually said (its text stream), to keep the conversation true."""
         self._conv.assistant_said += text
+        if text.strip():
+            self._assistant_at = self.clock.now()
 
     def truncate_assistant(self, said: str, heard: str) -> bool:
         """The user heard only `heard` of the assistant's words `said` (a barge-in cut the playback
