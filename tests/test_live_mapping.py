@@ -365,3 +365,21 @@ def test_a_sideband_replay_leads_with_the_sessions_snapshot_however_old():
     assert replay[0]["type"] == "session.started" and len(replay) == REPLAY_EVENTS + 1
     carrier._reflect({"type": "session.input_audio.append", "audio": ""}, True)  # audio is never replayed
     assert carrier.replayed()[-1]["event_id"] == f"d{REPLAY_EVENTS - 1}"
+
+
+def test_a_pause_without_a_final_sends_the_words_once_and_closes_nothing():
+    """A pause in mid-question: the ASR keeps the utterance open (partials only), the clock runs on; the
+    user's words go out once, in order, and the session neither ends nor errs in the pause."""
+    rig = Rig()
+    rig.start()
+    for text, end in (("how many legs", 1.2), ("how many legs does a", 1.6), ("how many legs does a", 2.4)):
+        rig.mapping.on_session(Transcript(False, text, 0.5, end, 0.1), rig.now)
+    for _ in range(25):  # two seconds of pause
+        rig.mapping.on_session(AssistantAudio(0, NOISE, True, 0.01), rig.now)
+        rig.time(0.08)
+    paused = rig.events()
+    assert {e["type"] for e in paused} <= {"session.input_transcript.delta", "session.output_audio.delta"}
+    rig.mapping.on_session(Transcript(False, "how many legs does a spider have", 0.5, 4.0, 0.1), rig.now)
+    rig.mapping.on_session(Transcript(True, "How many legs does a spider have?", 0.5, 4.4, 0.1), rig.now)
+    deltas = [e["delta"] for e in paused + rig.events() if e["type"] == "session.input_transcript.delta"]
+    assert "".join(deltas).lower() == "how many legs does a spider have?"

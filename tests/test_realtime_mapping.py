@@ -554,3 +554,27 @@ def test_the_adapter_sleeps_on_its_clock_until_the_mappings_next_deadline():
     assert pushed == [1920] * 11  # none after feed_silence went off
     assert before == ["session.created", "session.updated", "response.created"]
     assert after == ["response.done"]  # the response timeout, found by the timer with no frame coming
+
+
+def test_a_pause_without_a_final_keeps_the_users_turn_open():
+    """The ASR's end of turn holds the final through a pause in mid-question (docs/turn-taking.md): with
+    partials only, nothing stops, commits or starts again, even when the front-end speaks in the pause;
+    the final then closes one turn holding the whole question."""
+    rig = Rig()
+    rig.hear("how many legs", final=False, start_s=0.5, end_s=1.2)
+    rig.hear("how many legs does a", final=False, start_s=0.5, end_s=1.6)
+    rig.step(" mm", frames=2)  # a backchannel in the pause
+    rig.quiet(1.5)
+    rig.wait(1.0)  # and time with no frame at all
+    rig.hear("how many legs does a", final=False, start_s=0.5, end_s=3.0)  # a re-decode in the pause
+    paused = types(rig.events())
+    assert "input_audio_buffer.speech_stopped" not in paused and "input_audio_buffer.committed" not in paused
+    assert paused.count("input_audio_buffer.speech_started") == 1
+    rig.hear("how many legs does a spider have", final=False, start_s=0.5, end_s=4.0)
+    rig.hear("How many legs does a spider have?", final=True, start_s=0.5, end_s=4.4)
+    events = rig.events()
+    assert "input_audio_buffer.speech_started" not in types(events)
+    assert types(events).count("input_audio_buffer.speech_stopped") == 1
+    assert types(events).count("input_audio_buffer.committed") == 1
+    done = next(e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
+    assert done["transcript"] == "How many legs does a spider have?"
