@@ -193,6 +193,17 @@ def test_the_users_words_go_out_once_stable_with_their_times():
     assert all(a <= b for a, b in zip(ends, starts[1:], strict=False))  # no two deltas overlap
 
 
+def test_a_backchannel_sends_no_user_words():
+    """"Mm-hmm." while the assistant speaks: no input transcript a client would make a user turn of;
+    the user's next real words go out whole."""
+    rig = Rig()
+    rig.start()
+    rig.mapping.on_session(Transcript(True, "Mm-hmm.", 0.5, 0.9, 0.1, backchannel=True), rig.now)
+    assert rig.events() == []
+    rig.mapping.on_session(Transcript(True, "And Spain?", 1.5, 2.2, 0.1), rig.now)
+    assert "".join(e["delta"] for e in rig.events()) == "And Spain?"
+
+
 def attempt(phase: str, epoch: int, **kw) -> LLMAttempt:
     return LLMAttempt(phase, epoch, "scripted", "partial", **kw)
 

@@ -142,6 +142,25 @@ def test_barge_in_ends_the_response_as_cancelled_once_the_front_end_yields():
     assert (done["status"], done["status_details"]["reason"]) == ("cancelled", "turn_detected")
 
 
+def test_a_backchannel_is_no_barge_in_and_no_user_turn():
+    """"Mm-hmm." while the assistant speaks (the session marked it): the response goes on and completes,
+    with no speech_started, no user item, no transcript of it; the kame extension still tells it."""
+    rig = Rig()
+    rig.send({"type": "session.update", "session": {"kame": {"events": True}}})
+    rig.step(" Paris")
+    for final in (False, True):
+        rig.mapping.on_session(Transcript(final, "Mm-hmm.", 1.0, 1.4, 0.1, backchannel=True), rig.now)
+    rig.step(" is")
+    rig.quiet()
+    events = rig.events()
+    assert [e["type"] for e in events if not e["type"].startswith(("response.", "kame.", "conversation.item.",
+                                                                  "session.updated"))] == []
+    assert not [e for e in events if e["type"].startswith("conversation.item.") and e["item"]["role"] == "user"]
+    assert events[-1]["type"] == "response.done" and events[-1]["response"]["status"] == "completed"
+    told = [e for e in events if e["type"] == "kame.transcript"]
+    assert [e["backchannel"] for e in told] == [True, True]
+
+
 def test_without_interrupt_response_a_barge_in_completes_the_response():
     rig = Rig()
     rig.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": {

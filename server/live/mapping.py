@@ -238,6 +238,8 @@ class LiveMapping:
         self._extension(event)
 
     def _transcript(self, event: Transcript) -> None:
+        if event.backchannel:  # "mm-hm" while the assistant speaks: no words a client would make a user turn of
+            return
         self._send_words(event, self._words.final(event.text) if event.final else self._words.partial(event.text))
 
     def _send_words(self, event: Transcript, delta: str) -> None:

@@ -101,9 +101,10 @@ class RealtimeMapping:
         elif isinstance(event, AssistantText):
             self.speech.text(event.frame, event.text, now)
         elif isinstance(event, Transcript):
-            started = self.user.heard(event, self.config.turn_detection is not None, self._transcribing)
-            if started is not None and self.config.interrupts:
-                self.speech.barge_in()
+            if not event.backchannel:  # "mm-hm" while the assistant speaks: no user turn, no barge-in
+                started = self.user.heard(event, self.config.turn_detection is not None, self._transcribing)
+                if started is not None and self.config.interrupts:
+                    self.speech.barge_in()
             self._extension(event)
         elif isinstance(event, SessionFailed):
             self.outbox.error(event.code, event.message, kind="server_error")
