@@ -20,23 +20,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import wave
 
-from pipecat.audio.utils import create_file_resampler
-from pipecat.frames.frames import Frame, InputAudioRawFrame, LLMRunFrame, OutputAudioRawFrame
-from pipecat.pipeline.pipeline import Pipeline
+from pipecat.frames.frames import LLMRunFrame
 from pipecat.pipeline.worker import PipelineWorker
-from pipecat.processors.aggregators.llm_context import LLMContext
-from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
-from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.services.openai.live.llm import ClientDelegation, OpenAILiveLLMService, ResponsesDelegation
 from pipecat.services.openai.llm import OpenAILLMService
 from pipecat.services.openai.responses.llm import OpenAIResponsesLLMService
 from pipecat.workers.llm import BackendLLMWorker
 from pipecat.workers.runner import WorkerRunner
-
-RATE = 24000  # GPT-Live's WebSocket default, PCM16 mono both ways: KAME's native rate
-CHUNK = RATE * 2 * 80 // 1000  # 80 ms of PCM16 per InputAudioRawFrame (one KAME frame)
+from pipecat_audio import RATE, conversation, read_wav, send_audio, write_answer  # beside this file
 
 
 def responses_delegation(profile: str) -> ResponsesDelegation:
@@ -64,46 +56,6 @@ def kame_live_llm(url: str, token: str | None, instructions: str,
     )
 
 
-class AnswerRecorder(FrameProcessor):
-    """Keeps the assistant's audio as it passes (where a transport.output() would play it)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.audio = bytearray()
-
-    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
-        await super().process_frame(frame, direction)
-        if isinstance(frame, OutputAudioRawFrame):  # the live service sends SpeechOutputAudioRawFrame
-            self.audio += frame.audio
-        await self.push_frame(frame, direction)
-
-
-def conversation(llm: OpenAILiveLLMService) -> tuple[Pipeline, LLMContext, AnswerRecorder]:
-    """The usual speech-to-speech pipeline: the aggregators write both sides' turns into the context."""
-    context = LLMContext()  # its messages would go to KAME as session.input (prior conversation)
-    user, assistant = LLMContextAggregatorPair(context)
-    recorder = AnswerRecorder()
-    return Pipeline([user, llm, recorder, assistant]), context, recorder
-
-
-async def send_audio(worker: PipelineWorker, pcm16: bytes) -> None:
-    """PCM16 at 24 kHz into the pipeline at real-time pace, as a microphone would send it."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    for offset in range(0, len(pcm16), CHUNK):
-        frame = InputAudioRawFrame(audio=pcm16[offset:offset + CHUNK], sample_rate=RATE, num_channels=1)
-        await worker.queue_frame(frame)
-        await asyncio.sleep(max(0.0, start + (offset + CHUNK) / (RATE * 2) - loop.time()))
-
-
-async def read_wav(path: str) -> bytes:
-    with wave.open(path, "rb") as wav:
-        if wav.getnchannels() != 1 or wav.getsampwidth() != 2:
-            raise SystemExit(f"{path}: a mono 16-bit WAV is needed")
-        rate, audio = wav.getframerate(), wav.readframes(wav.getnframes())
-    return audio if rate == RATE else await create_file_resampler().resample(audio, rate, RATE)
-
-
 async def main(args: argparse.Namespace) -> None:
     delegation = (client_delegation(args.client_llm, args.model, os.environ.get("OPENAI_API_KEY", "unused"))
                   if args.client_llm else responses_delegation(args.model))
@@ -128,13 +80,7 @@ async def main(args: argparse.Namespace) -> None:
 
     await runner.add_workers(worker)
     await asyncio.gather(runner.run(), talk())
-    with wave.open(args.answer, "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(RATE)
-        wav.writeframes(bytes(recorder.audio))
-    for message in context.get_messages():
-        print(f"{message['role']}: {message['content']}")
+    write_answer(args.answer, recorder, context)
 
 
 if __name__ == "__main__":

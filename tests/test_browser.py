@@ -48,6 +48,15 @@ async def open_page(wav: Path):
     return playwright, browser, page
 
 
+async def heard_and_answered(page) -> None:
+    """Once the page shows the question heard and the scripted answer said (tiny-copy says its oracle)."""
+    await page.wait_for_function(
+        "document.querySelector('[data-testid=user-transcript]').textContent.includes('capital')", timeout=30000)
+    await page.wait_for_function(
+        "document.querySelector('[data-testid=assistant-text]').textContent"
+        ".includes('Paris is the capital of France')", timeout=30000)
+
+
 @pytest.fixture
 def question_wav(voices, tmp_path) -> Path:
     path = tmp_path / "question.wav"
@@ -71,12 +80,7 @@ def test_page_talks_to_the_server(tandem_server, question_wav):
             await page.wait_for_function("document.querySelector('[data-testid=status]').textContent === 'connected'",
                                          timeout=20000)
             await page.get_by_role("button", name="Stop").wait_for(timeout=5000)
-            await page.wait_for_function(
-                "document.querySelector('[data-testid=user-transcript]').textContent.includes('capital')",
-                timeout=30000)
-            await page.wait_for_function(
-                "document.querySelector('[data-testid=assistant-text]').textContent"
-                ".includes('Paris is the capital of France')", timeout=30000)
+            await heard_and_answered(page)
             result = {
                 "user": await page.get_by_test_id("user-transcript").text_content(),
                 "oracle": await page.get_by_test_id("oracle-text").text_content(),

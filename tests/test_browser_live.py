@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from .test_browser import ARTIFACTS, open_page, question_wav  # noqa: F401 (a fixture)
+from .test_browser import ARTIFACTS, heard_and_answered, open_page, question_wav  # noqa: F401 (a fixture)
 
 
 def count(selector: str) -> str:
@@ -34,12 +34,7 @@ def test_page_talks_gpt_live_over_webrtc_and_draws_the_timeline(tandem_server, q
             await page.get_by_role("button", name="Start").click()
             await page.wait_for_function("document.querySelector('[data-testid=status]').textContent === 'connected'",
                                          timeout=20000)
-            await page.wait_for_function(
-                "document.querySelector('[data-testid=user-transcript]').textContent.includes('capital')",
-                timeout=30000)
-            await page.wait_for_function(
-                "document.querySelector('[data-testid=assistant-text]').textContent"
-                ".includes('Paris is the capital of France')", timeout=30000)
+            await heard_and_answered(page)
             await page.wait_for_function(f"{count('#timeline [data-kind=attempt][data-status=adopted]')} > 0"
                                          f" && {count('#timeline [data-kind=assistant]')} > 0", timeout=10000)
             await asyncio.sleep(1.0)  # the cursor and the last words drawn

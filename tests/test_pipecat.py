@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -38,9 +39,15 @@ INSTRUCTIONS = "You are the test's assistant. Answer in one short sentence."
 
 
 def load_example(path: Path = EXAMPLE):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """The example as `python examples/NAME.py` loads it: its folder first on the path (it imports
+    pipecat_audio.py from beside it)."""
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
     return module
 
 
