@@ -24,6 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-sessions", type=int, default=None, help="session slots (default: 4 on CPU, 32 on GPU)")
     serve.add_argument("--asr", default=None, choices=["whisper", "kyutai-stt", "none"])
     serve.add_argument("--asr-model", default=None)
+    serve.add_argument("--end-of-turn", default=None, choices=["smart-turn", "silence"],
+                       help="what ends a user's turn with the whisper ASR: smart-turn, a model that judges each "
+                            "pause (the default where pipecat-ai is installed), or silence, 0.6 s of it "
+                            "(docs/turn-taking.md)")
     serve.add_argument("--llm", default=None, metavar="PROFILE",
                        help="sessions' default LLM backend profile: openai, anthropic, gemini, local, embedded, or one "
                             "of the config's [profiles.NAME] (default: openai with OPENAI_API_KEY set, else embedded)")
@@ -58,7 +62,8 @@ def run_serve(args: argparse.Namespace) -> int:
     settings = load_settings(
         args.config, host=args.host, port=args.port, frontend=args.frontend, device=args.device,
         quantize=args.quantize, max_sessions=args.max_sessions, asr=args.asr, asr_model=args.asr_model, llm=args.llm,
-        llm_base_url=args.llm_base_url, llm_model=args.llm_model, llm_api_key_env=args.llm_api_key_env,
+        end_of_turn=args.end_of_turn, llm_base_url=args.llm_base_url, llm_model=args.llm_model,
+        llm_api_key_env=args.llm_api_key_env,
         auth_tokens=args.auth_token, record_dir=args.record, knowledge_dir=args.knowledge)
     if args.ray or args.replicas or args.autoscale or args.ray_address:
         return _run_ray(args, settings)

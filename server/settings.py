@@ -86,6 +86,19 @@ class WhisperSettings(BaseModel):
     vad_threshold: float = Field(WhisperOptions.vad_threshold, gt=0, lt=1)
     min_silence_s: float = Field(WhisperOptions.min_silence_s, gt=0, le=5)
     max_utterance_s: float = Field(WhisperOptions.max_utterance_s, gt=1, le=30)
+    end_of_turn: Literal["smart-turn", "silence"] = WhisperOptions.end_of_turn  # docs/turn-taking.md
+    eot_ask_s: float = Field(WhisperOptions.eot_ask_s, gt=0, le=2)
+    eot_tail_s: float = Field(WhisperOptions.eot_tail_s, gt=0, le=2)
+    eot_fallback_s: float = Field(WhisperOptions.eot_fallback_s, gt=0, le=10)
+    eot_threshold: float = Field(WhisperOptions.eot_threshold, gt=0, lt=1)
+    smart_turn_model: str | None = WhisperOptions.smart_turn_model
+
+    @model_validator(mode="after")
+    def _check_pause(self) -> WhisperSettings:
+        if not self.eot_tail_s <= self.eot_ask_s < self.eot_fallback_s:
+            raise ValueError(f"the pauses must grow: eot_tail_s ({self.eot_tail_s}) <= eot_ask_s ({self.eot_ask_s}) "
+                             f"< eot_fallback_s ({self.eot_fallback_s})")
+        return self
 
 
 class RealtimeSettings(BaseModel):
@@ -265,6 +278,9 @@ def read_config_file(path: str | Path) -> dict:
 def load_settings(config_file: str | Path | None = None, **cli: object) -> ServerSettings:
     """Build the settings once: defaults < `config_file` < KAME_* env < `cli` (None values ignored)."""
     _TomlSource.data = read_config_file(config_file) if config_file else {}
+    end_of_turn = cli.pop("end_of_turn", None)  # --end-of-turn: [whisper] end_of_turn (merged with the rest)
+    if end_of_turn is not None:
+        cli["whisper"] = {**(cli.get("whisper") or {}), "end_of_turn": end_of_turn}
     knowledge_dir = cli.pop("knowledge_dir", None)  # --knowledge DIR: over [knowledge] dir, the rest kept
     if knowledge_dir is not None:
         table = cli.get("knowledge") or _TomlSource.data.get("knowledge") or {}

