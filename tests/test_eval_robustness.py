@@ -18,6 +18,23 @@ pytestmark = pytest.mark.slow
 CONDITIONS = ["clean", "pause_1s", "echo"]
 
 
+class Passthrough:
+    """An input processor (where an echo canceller goes) that changes nothing and keeps what it saw."""
+
+    made: list[Passthrough] = []
+
+    def __init__(self) -> None:
+        self.frames = 0
+        self.loudest_played = 0.0
+        Passthrough.made.append(self)
+
+    def process_input(self, mic_frame, played_frame):
+        assert mic_frame.shape == played_frame.shape == (1920,)
+        self.frames += 1
+        self.loudest_played = max(self.loudest_played, float(abs(played_frame).max()))
+        return mic_frame
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     if shutil.which("flite") is None:  # the assistant's voice in the echo condition
@@ -27,7 +44,7 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("robustness")
     args = ["eval", "robustness", "--out", str(out), "--conditions", ",".join(CONDITIONS), "--voices", "piper:joe",
             "--limit", "2", "--tail", "3", "--frontend", "tiny-copy", "--device", "cpu", "--asr", "whisper",
-            "--scripted-llm"]
+            "--scripted-llm", "--input-processor", f"{__name__}:Passthrough"]
     assert main(args) == 0
     return out, args
 
@@ -85,3 +102,11 @@ def test_each_premature_final_is_a_turn_the_realtime_mapping_closes_early(run):
         committed = [e for e in sent if e["type"] == "input_audio_buffer.committed"]
         assert len(stopped) == len(committed) == sum(t["final"] for t in r["transcripts"])
         assert sum(s < r["speech_end_s"] for s in stopped) == r["premature_finals"], r["transcripts"]
+
+
+def test_the_input_processor_sees_every_frame_and_what_was_played(run):
+    """One processor per session, called on each frame with the frame played meanwhile: in the echo
+    condition the assistant's voice; the processor's frame is what the session hears."""
+    made = Passthrough.made[:6]
+    assert len(made) == 6 and all(p.frames > 40 for p in made)  # a question and 3 s of tail, 80 ms each
+    assert any(p.loudest_played > 0.05 for p in made)  # the assistant spoke in the echo sessions

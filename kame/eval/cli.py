@@ -124,8 +124,9 @@ def _register_robustness(evals: argparse._SubParsersAction) -> None:
                                                               "stops is the one judged (default 1.0 s)")
     rb.add_argument("--seed", type=int, default=0)
     rb.add_argument("--input-processor", default=None, metavar="MODULE:FACTORY",
-                    help="called once per session, returns process_input(mic_frame, played_frame) -> frame "
-                         "(an echo canceller), run on every input frame")
+                    help="called once per session; returns process_input(mic_frame, played_frame) -> frame, or "
+                         "an object with that method (an echo canceller, e.g. kame.aec:EchoCanceller); it runs "
+                         "on every input frame of every condition")
     rb.add_argument("--scripted-llm", action="store_true",
                     help="the LLM is a scripted one on loopback that answers a question only once it heard "
                          "its last words (CPU runs; not with --llm-model)")
@@ -166,13 +167,20 @@ def run_robustness(args: argparse.Namespace) -> int:
 
 
 def _factory(spec: str):
+    """MODULE:FACTORY -> a function making one session's process_input (the object's method if it has one)."""
     import importlib
 
     module, _, name = spec.partition(":")
     try:
-        return getattr(importlib.import_module(module), name)
+        make = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as exc:
         raise KameError(f"--input-processor {spec}: {exc}") from exc
+
+    def processor():
+        made = make()
+        return getattr(made, "process_input", made)
+
+    return processor
 
 
 def _scripted_llm(args: argparse.Namespace, questions):

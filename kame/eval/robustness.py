@@ -101,6 +101,7 @@ class _Loop:
     late: int = 0  # frames sent without the output they should have carried
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     news: asyncio.Event = field(default_factory=asyncio.Event)  # a transcript or an LLM phase came
+    closed_at: float = 0.0  # the audio time of the ASR's latest final's end
 
     @property
     def audio_s(self) -> float:
@@ -115,15 +116,17 @@ class _Loop:
                 self.late += 1
                 return
 
-    async def quiet(self, quiet_s: float = 1.0, limit_s: float = 8.0) -> None:
-        """Until no transcript or LLM event came for `quiet_s` (at most `limit_s`)."""
+    async def quiet(self, heard_s: float, quiet_s: float = 1.0, limit_s: float = 20.0) -> None:
+        """Until the ASR has closed an utterance at or after `heard_s` of audio (a loaded CPU's ASR lags
+        by seconds) and then no transcript or LLM event came for `quiet_s`; at most `limit_s`."""
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
             self.news.clear()
             try:
                 await asyncio.wait_for(self.news.wait(), quiet_s)
             except TimeoutError:
-                return
+                if self.closed_at >= heard_s:
+                    return
 
 
 async def converse_closed_loop(runtime, pcm: np.ndarray, config=None, tail_s: float = 4.0,
@@ -156,7 +159,7 @@ async def converse_closed_loop(runtime, pcm: np.ndarray, config=None, tail_s: fl
             session.push_pcm(np.asarray(mic, np.float32))
             loop.sent = slot + 1
         await _until(started + frames * FRAME_SIZE / SAMPLE_RATE)
-        await loop.quiet()  # a lagging ASR and the LLM catch up with what they were given
+        await loop.quiet(len(pcm) / SAMPLE_RATE)  # a lagging ASR and the LLM catch up with what they were given
     await collector
     return events
 
@@ -172,10 +175,13 @@ async def _collect(session, events: list[TimedEvent], loop: _Loop, playback: Pla
             elif isinstance(event, AssistantText):
                 playback.on_text(event.text)
             elif isinstance(event, Transcript | LLMAttempt):
+                if isinstance(event, Transcript) and event.final:
+                    loop.closed_at = max(loop.closed_at, event.end_s)
                 loop.news.set()
     finally:
         loop.back = 1 << 30  # nothing more comes: nobody waits
         loop.arrived.set()
+        loop.closed_at = float("inf")  # nothing more comes: nobody waits
         loop.news.set()
 
 
@@ -222,8 +228,15 @@ async def evaluate(source: Source, settings: RobustnessSettings) -> list[dict]:
         events = await source(rendered.pcm, echo, processor)
         results.append(record(voice_.name, condition.name, question, rendered.speech_end_s, events, settings.grace_s))
         _save(results_path, json.dumps(results, indent=1))
+    chosen = _product({v.name for v in settings.voices}, {c.name for c in settings.conditions},
+                      {q.id for q in settings.questions})
+    results = [r for r in results if (r["voice"], r["condition"], r["question_id"]) in chosen]
     _save(settings.out / "report.md", report(results, settings))
-    return results
+    return results  # this run's items (results.json keeps those of earlier runs with other choices too)
+
+
+def _product(voices: set, conditions: set, questions: set) -> set:
+    return {(v, c, q) for v in voices for c in conditions for q in questions}
 
 
 def record(voice_: str, condition: str, question: Question, speech_end_s: float, events: Sequence[TimedEvent],
