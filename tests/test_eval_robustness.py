@@ -44,7 +44,7 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("robustness")
     args = ["eval", "robustness", "--out", str(out), "--conditions", ",".join(CONDITIONS), "--voices", "piper:joe",
             "--limit", "2", "--tail", "3", "--frontend", "tiny-copy", "--device", "cpu", "--asr", "whisper",
-            "--scripted-llm", "--input-processor", f"{__name__}:Passthrough"]
+            "--scripted-llm", "--input-processor", f"{__name__}:Passthrough", "--end-of-turn", "silence"]
     assert main(args) == 0
     return out, args
 

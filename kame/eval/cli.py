@@ -123,6 +123,9 @@ def _register_robustness(evals: argparse._SubParsersAction) -> None:
     rb.add_argument("--grace", type=float, default=None, help="the answer in place this long after the user "
                                                               "stops is the one judged (default 1.0 s)")
     rb.add_argument("--seed", type=int, default=0)
+    rb.add_argument("--end-of-turn", default=None, choices=["smart-turn", "silence"],
+                    help="whisper's end of a user turn: the Smart Turn model, or the silence rule alone "
+                         "(default: whisper's own default)")
     rb.add_argument("--input-processor", default=None, metavar="MODULE:FACTORY",
                     help="called once per session; returns process_input(mic_frame, played_frame) -> frame, or "
                          "an object with that method (an echo canceller, e.g. kame.aec:EchoCanceller); it runs "
@@ -201,7 +204,8 @@ def _robustness_in_process(args, conditions, voices, questions, processor):
     from kame.session import SessionConfig
 
     backend = args.llm or (CUSTOM if args.llm_model is not None else None)
-    runtime = start_runtime(args, [backend], realtime=True)
+    asr_options = {"whisper": {"end_of_turn": args.end_of_turn}} if args.end_of_turn else None
+    runtime = start_runtime(args, [backend], realtime=True, asr_options=asr_options)
     spoken = args.assistant_voice
     if spoken == "auto":
         spoken = ASSISTANT_VOICE if runtime.frontend.source in PRESET_NAMES else "audio"

@@ -65,8 +65,9 @@ def profiles_for(args: argparse.Namespace) -> dict[str, BackendProfile]:
 
 
 def start_runtime(args: argparse.Namespace, names: Sequence[str | None], realtime: bool,
-                  asr_model: str | None = None) -> Runtime:
-    """One engine slot, stepped as soon as a frame comes; the first named profile is the default."""
+                  asr_model: str | None = None, asr_options: dict | None = None) -> Runtime:
+    """One engine slot, stepped as soon as a frame comes; the first named profile is the default;
+    `asr_options`: the ASR engines' option overrides (RuntimeSettings.asr_options)."""
     from kame.runtime import Runtime, RuntimeSettings
 
     profiles = profiles_for(args)
@@ -77,7 +78,8 @@ def start_runtime(args: argparse.Namespace, names: Sequence[str | None], realtim
     return Runtime.start(RuntimeSettings(frontend=args.frontend, device=args.device or "auto",
                                          quantize=getattr(args, "quantize", None), max_sessions=1,
                                          asr=args.asr, asr_model=asr_model, profiles=profiles, default_profile=default,
-                                         asr_realtime=realtime, engine_clock="eager"))
+                                         asr_realtime=realtime, engine_clock="eager",
+                                         asr_options=asr_options or {}))
 
 
 def run_in_process(runtime: Runtime, main: Callable[[], Awaitable[T]]) -> T:
