@@ -15,6 +15,7 @@ from kame.eval import conditions as cond
 from kame.eval.conditions import EchoPath, Question, Voices
 from kame.eval.robustness import Playback, load_questions, scripted_reply
 from kame.eval.robustness_metrics import (
+    asr_lag,
     attempts,
     covers,
     cue_words,
@@ -210,6 +211,12 @@ def test_whole_question_is_judged_on_the_owner_after_the_grace():
     assert early["whole"] is False and early["answer_right"] is False
     assert whole_question(found, Q, PAUSED_END, grace_s=0.1, lag_s=0.1)["whole"]  # the ASR's lag is taken off
     assert whole_question([], Q, PAUSED_END)["whole"] is None
+
+
+def test_the_asr_lag_is_how_late_the_transcript_of_the_end_came():
+    assert asr_lag(PAUSED, PAUSED_END) == pytest.approx(0.1)  # "of Spain" up to 3.2 s came out at 3.3 s
+    assert asr_lag(PAUSED, 9.0) == pytest.approx(0.1)  # none covers it: the last one's
+    assert asr_lag([], PAUSED_END) == 0.0
 
 
 def test_the_oracle_lead_is_the_one_settled_after_the_end():

@@ -132,19 +132,22 @@ def covers(context: Sequence[str], cues: Sequence[str]) -> bool:
     return all(any(c == w or SequenceMatcher(None, c, w).ratio() >= FUZZY for w in context) for c in cues)
 
 
-def asr_lag(events: Sequence[TimedEvent]) -> float:
-    """The ASR's median lag in the session (Transcript.lag_s: wall time from hearing the audio up to a
-    transcript's end to the transcript); 0 without transcripts."""
-    lags = [e.lag_s for _, e in events if isinstance(e, Transcript)]
-    return round(statistics.median(lags), 3) if lags else 0.0
+def asr_lag(events: Sequence[TimedEvent], speech_end_s: float) -> float:
+    """How far behind the audio the ASR was when it heard the question's end: the first transcript
+    covering it (else the last one) came out this many seconds of audio after the audio it covers. On
+    a loaded CPU that is seconds of compute, and it grows during a session; 0 without transcripts."""
+    heard = [(t - e.end_s) for t, e in events if isinstance(e, Transcript) and e.end_s >= speech_end_s]
+    if not heard:
+        heard = [(t - e.end_s) for t, e in events if isinstance(e, Transcript)][-1:]
+    return round(max(0.0, heard[0]), 3) if heard else 0.0
 
 
 def whole_question(found: Sequence[Attempt], question: Question, speech_end_s: float,
                    grace_s: float = ANSWER_GRACE_S, lag_s: float = 0.0) -> dict:
     """Was the answer in place when the user stopped built from the whole question?
 
-    Times are on the ASR's clock: `lag_s` (the session's ASR lag, which on a loaded CPU is seconds of
-    compute, not policy) is taken off every time. `whole`: the attempt owning the oracle `grace_s` after
+    Times are on the ASR's clock: `lag_s` (`asr_lag`: on a loaded CPU seconds of compute, not policy)
+    is taken off every time. `whole`: the attempt owning the oracle `grace_s` after
     the question's true end saw all its cue words (None: no attempt had words by then); `whole_from_s`:
     when (seconds after the true end; negative: before it) an attempt that saw them first took the
     oracle; `answer_right`: the owner's answer holds one of the question's answer keywords."""
@@ -192,7 +195,7 @@ def core_metrics(events: Sequence[TimedEvent], question: Question, speech_end_s:
                  grace_s: float = ANSWER_GRACE_S) -> dict:
     heard = user_transcript(events, speech_end_s)
     edits, total = wer_counts(question.plain, heard)
-    found, lag = attempts(events), asr_lag(events)
+    found, lag = attempts(events), asr_lag(events, speech_end_s)
     return {
         "user_transcript": heard, "wer_edits": edits, "wer_words": total,
         "premature_finals": premature_finals(events, speech_end_s), "asr_lag_s": lag,
@@ -254,7 +257,7 @@ COLUMNS: list[Column] = [
     Column("q with a premature final %", lambda rows: _share([r["premature_finals"] > 0 for r in rows])),
     Column("oracle lead s (median)", lambda rows: _median([r["oracle_lead_s"] for r in rows])),
     Column("self-answer %", _self),
-    Column("ASR lag s (median)", lambda rows: _median([r["asr_lag_s"] for r in rows])),
+    Column("ASR lag at the end s (median)", lambda rows: _median([r["asr_lag_s"] for r in rows])),
 ]
 
 
