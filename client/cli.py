@@ -34,6 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     talk.add_argument("--url", default=DEFAULT_URL)
     talk.add_argument("--device", default=None, help="sounddevice device index or name (both directions)")
     talk.add_argument("--list-devices", action="store_true", help="list audio devices and exit")
+    talk.add_argument("--no-aec", dest="aec", action="store_false",
+                      help="send the microphone as it is, without cancelling the speakers' echo (with headphones)")
     add_llm_arg(talk, "the server's LLM backend profile for this session (default: the server's default)")
     talk.set_defaults(func=run_talk)
 
@@ -103,6 +105,6 @@ def run_talk(args: argparse.Namespace) -> int:
         print(list_devices())
         return 0
     try:
-        return asyncio.run(talk(args.url, args.device, args.llm))
+        return asyncio.run(talk(args.url, args.device, args.llm, aec=args.aec))
     except KeyboardInterrupt:  # Ctrl-C: the session was closed on the way out
         return 0

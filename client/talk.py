@@ -11,6 +11,7 @@ import numpy as np
 
 from client.client import AudioMessage, ErrorMessage, EventMessage, KameClient, TextMessage
 from client.console import describe_event
+from kame.aec import EchoCanceller, EchoCancellerUnavailable
 from kame.errors import KameError
 from kame.protocol import FRAME_SIZE as FRAME
 from kame.protocol import SAMPLE_RATE as RATE
@@ -67,21 +68,50 @@ class _Speaker:
         return out
 
 
-async def talk(url: str, device: str | None, backend: str | None) -> int:
+def _canceller(aec: bool) -> EchoCanceller | None:
+    """The echo canceller that keeps the speakers' sound out of what we send, unless turned off or missing."""
+    if not aec:
+        print("echo cancellation off (--no-aec): use headphones, or the assistant hears itself", file=sys.stderr)
+        return None
+    try:
+        canceller = EchoCanceller()
+    except EchoCancellerUnavailable as exc:
+        print(f"{exc}; going on without it: use headphones, or the assistant hears itself", file=sys.stderr)
+        return None
+    print("echo cancellation on (WebRTC AEC3; --no-aec turns it off)", file=sys.stderr)
+    return canceller
+
+
+def _echo_delay_ms(time_info, latency) -> int | None:
+    """How long after its capture the mic block of one callback is played back by the same callback's
+    output block (DAC time - ADC time), as the canceller's delay hint; the stream's latencies summed
+    where the host reports no times; None: unknown."""
+    delay = time_info.outputBufferDacTime - time_info.inputBufferAdcTime
+    if delay <= 0 and isinstance(latency, tuple | list):
+        delay = sum(latency)
+    return round(delay * 1000) if 0 < delay < 1 else None
+
+
+async def talk(url: str, device: str | None, backend: str | None, aec: bool = True) -> int:
     sd = _sounddevice()
     if device is not None and device.isdigit():
         device = int(device)
     _check_devices(sd, device)
     loop = asyncio.get_running_loop()
-    mic: asyncio.Queue[np.ndarray] = asyncio.Queue(maxsize=50)
+    # pairs of (mic block, block played by the same callback): the played one is the echo's reference
+    mic: asyncio.Queue[tuple[np.ndarray, np.ndarray]] = asyncio.Queue(maxsize=50)
     speaker = _Speaker()
     level = [0.0]
+    canceller = _canceller(aec)
 
     def on_audio(indata, outdata, frames, time_info, status) -> None:
         pcm = indata[:, 0].copy()
         level[0] = float(np.sqrt(np.mean(pcm ** 2)))
-        post(loop, lambda: mic.full() or mic.put_nowait(pcm))
-        outdata[:, 0] = speaker.pull(frames)
+        played = speaker.pull(frames)
+        outdata[:, 0] = played
+        if canceller is not None:
+            canceller.delay_ms = _echo_delay_ms(time_info, stream.latency)
+        post(loop, lambda: mic.full() or mic.put_nowait((pcm, played)))
 
     client = await KameClient.connect(url, events=True, backend=backend)
     print("connected; speak (Ctrl-C to stop)", file=sys.stderr)
@@ -89,7 +119,8 @@ async def talk(url: str, device: str | None, backend: str | None) -> int:
 
     async def send() -> None:
         while True:
-            await client.send_pcm(await mic.get())
+            pcm, played = await mic.get()
+            await client.send_pcm(pcm if canceller is None else canceller.process_input(pcm, played))
 
     async def receive() -> None:
         async for message in client:
