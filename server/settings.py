@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from kame.aec import EchoOptions
 from kame.asr.kyutai_stt import SttOptions
 from kame.asr.whisper import WhisperOptions
 from kame.backend.planner import PlannerConfig
@@ -112,6 +113,15 @@ class RealtimeSettings(BaseModel):
     tool_timeout_s: float = Field(15.0, gt=0, le=120)  # a client function's output awaited this long, then an error
 
 
+class EchoSettings(BaseModel):
+    """[echo]: echo cancellation of telephone sessions (kame.aec.EchoOptions; docs/echo.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+    telephone: bool = EchoOptions.telephone
+    delay_ms: int | None = Field(EchoOptions.delay_ms, ge=0, le=1000)
+    max_reference_s: float = Field(EchoOptions.max_reference_s, ge=0.1, le=10)
+
+
 class KyutaiSttSettings(BaseModel):
     """[kyutai_stt]: Kyutai's STT (kame.asr.kyutai_stt.SttOptions)."""
 
@@ -143,6 +153,7 @@ class ServerSettings(BaseSettings):
     whisper: WhisperSettings = Field(default_factory=WhisperSettings)
     kyutai_stt: KyutaiSttSettings = Field(default_factory=KyutaiSttSettings)
     realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
+    echo: EchoSettings = Field(default_factory=EchoSettings)
     tools: dict[str, ToolConfig] = Field(default_factory=dict)  # [tools.NAME]; none: the LLM is offered no tools
     knowledge: KnowledgeSettings = Field(default_factory=KnowledgeSettings)
     replica: str | None = Field(None, exclude=True)  # set by `kame serve --ray` in each replica: its stable id
@@ -236,6 +247,9 @@ class ServerSettings(BaseSettings):
             quantize=None if self.quantize == "none" else self.quantize, asr_options=self.asr_options(),
             profiles=self.all_profiles(), default_profile=self.default_profile, planner=self.planner_config(),
             batch_window_s=self.batch_window_ms / 1000, tools=dict(self.tools), knowledge=self.knowledge_options()))
+
+    def echo_options(self) -> EchoOptions:
+        return EchoOptions(**self.echo.model_dump())
 
     def asr_options(self) -> dict[str, dict]:
         """Each ASR engine's own settings, by engine name."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kame.aec import EchoOptions
 from kame.asr.kyutai_stt import SttOptions
 from kame.asr.whisper import WhisperOptions
 from kame.backend.breaker import CircuitBreakerLLM
@@ -23,7 +24,7 @@ from server.settings import ProfileSettings, ServerSettings
 SETTINGS = Path(__file__).resolve().parents[1] / "server" / "settings.py"
 LIBRARY = {"ServerSettings": (RuntimeSettings, SessionConfig), "PlannerSettings": (PlannerConfig,),
            "KnowledgeSettings": (PlannerConfig, KnowledgeOptions), "ProfileSettings": (BackendProfile,),
-           "WhisperSettings": (WhisperOptions,), "KyutaiSttSettings": (SttOptions,)}
+           "WhisperSettings": (WhisperOptions,), "KyutaiSttSettings": (SttOptions,), "EchoSettings": (EchoOptions,)}
 RENAMED = {"batch_window_ms": "batch_window_s", "send_queue_messages": "output_frames", "limit": "knowledge_limit",
            "budget_tokens": "knowledge_budget_tokens"}
 OWN = {"quantize", "stats_interval_s"}  # the server's own defaults on purpose: "none" for None, stats on
@@ -58,6 +59,7 @@ def test_server_defaults_are_the_librarys():
         "whisper": {k: getattr(WhisperOptions(), k) for k in settings.whisper.model_dump()},
         "kyutai-stt": {k: getattr(SttOptions(), k) for k in settings.kyutai_stt.model_dump()}}
     assert settings.session_config() == SessionConfig(stats_interval_s=settings.stats_interval_s)
+    assert settings.echo_options() == EchoOptions()
     assert BackendProfile("p", **ProfileSettings(model="m").model_dump()) == BackendProfile("p", None, "m")
     knowledge = ServerSettings(knowledge={"dir": "docs"}).knowledge_options()
     assert knowledge == KnowledgeOptions(Path("docs"))

@@ -64,7 +64,8 @@ class RealtimeSession(SocketSession):
                       "interrupt_response": True, "idle_timeout_ms": None}
         return SessionFacts(self.id, runtime.frontend.source, runtime.asr.name, tuple(runtime.profiles),
                             tandem.backend, tandem.planner.system_prompt, server_vad, settings.realtime,
-                            settings.max_message_bytes * 4 // 3 + 4096)  # base64 audio of the binary limit
+                            settings.max_message_bytes * 4 // 3 + 4096,  # base64 audio of the binary limit
+                            settings.echo_options())
 
     async def open(self) -> TandemSession:
         config = self.settings.session_config(stats_interval_s=None)

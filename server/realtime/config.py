@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from kame.aec import EchoOptions
 from kame.tools.base import ToolSpec
 from server.realtime.actions import Action, SessionCall, SetClientTools
 from server.realtime.client_events import (
@@ -34,6 +35,7 @@ class SessionFacts:
     server_vad: dict  # the turn detection the server actually does (the ASR's endpointing)
     options: RealtimeSettings
     max_event_bytes: int  # a text frame longer than this is refused unread
+    echo: EchoOptions = EchoOptions()  # echo cancellation of telephone input ([echo], docs/echo.md)
 
 
 @dataclass(frozen=True)

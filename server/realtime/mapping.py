@@ -20,6 +20,7 @@ import numpy as np
 from kame.audio import FRAME_S, FRAME_SIZE, SAMPLE_RATE
 from kame.protocol import wire_event
 from kame.session_events import AssistantAudio, AssistantText, SessionEvent, SessionFailed, Transcript
+from server.echo import CallEcho
 from server.realtime import client_events as ce
 from server.realtime.actions import Action, AnswerCall, End, Flush, SessionCall
 from server.realtime.client_events import RealtimeError
@@ -46,7 +47,9 @@ class RealtimeMapping:
         self.speech = Speech(self.outbox, self.items, lambda: self.config, facts.session_id,
                              options.response_timeout_s, options.energy_dbfs)
         self.user = UserTurns(self.outbox, self.items, on_commit=self.speech.user_committed)
-        self._decode = self.config.input_format.decoder()
+        # a telephone caller's speakerphone sends our voice back: cancelled inside the codecs, at 8 kHz
+        self.echo = CallEcho(facts.echo)
+        self._codecs()
         # the audio clock: the audio pushed (the client's and fed silence) against the time since it started
         self._clock_start = now + CONFIGURE_GRACE_S
         self._pushed_s = 0.0
@@ -162,15 +165,21 @@ class RealtimeMapping:
     def _session_update(self, session: ce.SessionConfigIn, now: float) -> None:
         old = self.config
         self.config, calls = old.updated(session, self.facts)
-        if self.config.input_format != old.input_format:
-            self._decode = self.config.input_format.decoder()
-        if self.config.output_format != old.output_format:
-            self.speech.encode = self.config.output_format.encoder()
+        if (self.config.input_format, self.config.output_format) != (old.input_format, old.output_format):
+            self._codecs()
         if self.config.feed_silence and not old.feed_silence:  # it counts from now
             self._pushed_s = max(self._pushed_s, now - self._clock_start)
         for call in calls:
             self.outbox.call(call)
         self.outbox.emit("session.updated", session=self.config.session_object(self.facts))
+
+    def _codecs(self) -> None:
+        """The decoder and encoder of the session's formats (their resamplers start afresh), with the
+        echo canceller between them where the session is a telephone one."""
+        config = self.config
+        self.echo.formats(config.input_format.type, config.output_format.type)
+        self._decode = config.input_format.decoder(self.echo.heard if self.echo.active else None)
+        self.speech.encode = config.output_format.encoder(self.echo.sent if self.echo.active else None)
 
     def _append(self, audio: str) -> None:
         try:
@@ -182,7 +191,7 @@ class RealtimeMapping:
         pcm = self._decode(data)
         self.outbox.call(SessionCall("push_pcm", (pcm,)))
         self._pushed_s += len(pcm) / SAMPLE_RATE
-        self._appended = self._appended or len(pcm) > 0
+        self._appended = self._appended or len(data) > 0  # the echo canceller may hold back < 10 ms
 
     def _commit(self) -> None:
         user = self.user
@@ -234,6 +243,7 @@ class RealtimeMapping:
 
     def _truncate(self, item_id: str, end_ms: int) -> None:
         live = self.speech.playing(item_id)
+        self.echo.playback_stopped()
         if live is not None:  # the client stopped playing it (a barge-in): the rest of the burst is unsent
             self.speech.close(live, "cancelled", "turn_detected")
             self.speech.muted = True
