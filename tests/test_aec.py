@@ -397,3 +397,32 @@ def test_a_speakerphone_callers_echo_does_not_reach_the_session(talk_audio):
     uncleaned, cleaned = Upsampler()(ulaw_decode(b"".join(heard))), np.concatenate(pushed)
     assert len(cleaned) == len(uncleaned)
     assert erle_db(uncleaned, cleaned, slice(2 * SAMPLE_RATE, 6 * SAMPLE_RATE)) > 25
+
+
+# ------------------------------------------------------------------- telephone sessions (GPT-Live)
+
+
+@pytest.mark.parametrize(("transport", "audio_type", "cancels"), [
+    ("websocket", "audio/pcmu", True), ("websocket", "audio/pcm", False), ("webrtc", None, False)])
+def test_a_live_session_over_g711_cancels_too(monkeypatch, transport, audio_type, cancels):
+    import server.echo
+    from kame.session_events import AssistantAudio
+    from kame.telephony import ulaw_decode
+    from server.live.actions import Send
+    from server.live.config import LiveFacts
+    from server.live.mapping import LiveMapping
+
+    made = []
+    monkeypatch.setattr(server.echo, "echo_canceller", lambda **o: made.append(FakeLineCanceller(**o)) or made[-1])
+    from openai.types.live import SessionConfig
+
+    m = LiveMapping(LiveFacts("s1", {"scripted": "m"}, "scripted", "Be brief.", 1 << 20, 2_000_000_000, transport))
+    rate = 8000 if audio_type == "audio/pcmu" else SAMPLE_RATE
+    audio = {"audio": {"format": {"type": audio_type, "rate": rate}}} if audio_type else {}
+    m.start(SessionConfig(model="gpt-live-1", **audio), 1000.0)  # what session.start or the WebRTC POST does
+    assert len(made) == cancels
+    if cancels:
+        m.take()
+        m.on_session(AssistantAudio(0, noise_speech(0.08), True, 0.01), 1000.0)
+        (delta,) = [a.event["delta"] for a in m.take() if isinstance(a, Send)]
+        assert np.array_equal(made[0].played[0], ulaw_decode(base64.b64decode(delta)))

@@ -48,7 +48,8 @@ def live_facts(session_id: str, services: Services, tandem: TandemSession, trans
     return LiveFacts(session_id, {name: profile.model for name, profile in runtime.profiles.items()},
                      tandem.backend, tandem.planner.system_prompt,
                      settings.max_message_bytes * 4 // 3 + 4096,  # base64 audio of the binary limit
-                     int(time.time() + settings.max_session_s), transport, events)
+                     int(time.time() + settings.max_session_s), transport, events,
+                     echo=settings.echo_options())
 
 
 class LiveCarrier:

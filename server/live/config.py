@@ -11,6 +11,7 @@ import numpy as np
 import soxr
 from openai.types.live import SessionConfig, SessionUpdateConfig
 
+from kame.aec import EchoOptions
 from kame.audio import SAMPLE_RATE
 from kame.codec import pcm16_decode, pcm16_encode
 from server.live.client_events import LiveError
@@ -33,6 +34,7 @@ class LiveFacts:
     transport: str = "websocket"  # or "webrtc": audio on a media track, not in events
     events: bool = False  # kame.* extension events (opt-in: `?kame_events=true`)
     usage_interval_s: float = 15.0
+    echo: EchoOptions = EchoOptions()  # echo cancellation of telephone (G.711) sessions ([echo], docs/echo.md)
 
 
 @dataclass(frozen=True)
@@ -125,18 +127,18 @@ class LiveConfig:
             resource["instructions"] = self.instructions
         return resource
 
-    def decoder(self):
+    def decoder(self, line=None):
         """bytes of the client's format -> float32 at 24 kHz, streaming: the Realtime endpoint's codecs
-        (PCM16 at 24 kHz, G.711), and 16 kHz PCM16 through soxr."""
+        (PCM16 at 24 kHz, G.711, with their `line` hook: server/echo.py), and 16 kHz PCM16 through soxr."""
         if self._pcm_rate in (None, SAMPLE_RATE):
-            return RealtimeFormat(self.audio_format["type"]).decoder()
+            return RealtimeFormat(self.audio_format["type"]).decoder(line)
         stream = soxr.ResampleStream(self._pcm_rate, SAMPLE_RATE, 1, dtype="float32")
         return lambda data: stream.resample_chunk(pcm16_decode(data))
 
-    def encoder(self):
+    def encoder(self, line=None):
         """float32 at 24 kHz -> bytes of the client's format, streaming."""
         if self._pcm_rate in (None, SAMPLE_RATE):
-            return RealtimeFormat(self.audio_format["type"]).encoder()
+            return RealtimeFormat(self.audio_format["type"]).encoder(line)
         stream = soxr.ResampleStream(SAMPLE_RATE, self._pcm_rate, 1, dtype="float32")
         return lambda pcm: pcm16_encode(stream.resample_chunk(np.asarray(pcm, np.float32)))
 

@@ -27,6 +27,7 @@ from kame.session_events import (
     SessionFailed,
     Transcript,
 )
+from server.echo import CallEcho
 from server.live import client_events as ce
 from server.live.actions import Action, Commentary, Delegate, Finish, PlannerCall, Play, Send, SessionCall
 from server.live.client_events import LiveError
@@ -108,6 +109,7 @@ class LiveMapping:
         self._started_at = 0.0
         self._pushed_s = 0.0  # the audio clock: the user's audio heard (the client's and fed silence)
         self._decode = self._encode = None
+        self.echo = CallEcho(facts.echo)  # a telephone caller's speakerphone sends our voice back
         self._words = StableWords()
         self._transcript_ms = 0  # where the last input transcript delta ended
         self._next_usage: float | None = None
@@ -139,7 +141,10 @@ class LiveMapping:
         anything changed when the config cannot be served)."""
         config = LiveConfig.start(session, self.facts, self.facts.transport)
         self.config, self._started_at = config, now
-        self._decode, self._encode = config.decoder(), config.encoder()
+        if self.facts.transport == "websocket":  # over WebRTC, the browser cancels its own echo
+            self.echo.formats(config.audio_format["type"], config.audio_format["type"])
+        heard, sent = (self.echo.heard, self.echo.sent) if self.echo.active else (None, None)
+        self._decode, self._encode = config.decoder(heard), config.encoder(sent)
         self._next_usage = now + self.facts.usage_interval_s
         self.outbox.call(SessionCall("configure", (config.backend, config.system_prompt(self.facts))))
         if config.delegation == "client":
