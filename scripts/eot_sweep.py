@@ -82,18 +82,19 @@ def summary(rows: list[dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pauses", type=float, nargs="+", default=[0.0, 0.5, 1.0, 2.0])
+    parser.add_argument("--pauses", type=float, nargs="+", default=[0.5, 1.0, 2.0])
     parser.add_argument("--questions", type=int, default=len(QUESTIONS))
-    parser.add_argument("--ask-s", type=float, nargs="+", default=[0.2], help="smart-turn's eot_ask_s values")
-    parser.add_argument("--tail-s", type=float, default=0.2, help="smart-turn's eot_tail_s")
+    parser.add_argument("--ask-s", type=float, nargs="+", default=[0.6], help="smart-turn's eot_ask_s values")
+    parser.add_argument("--tail-s", type=float, nargs="+", default=[0.1], help="smart-turn's eot_tail_s values")
     parser.add_argument("--fallback-s", type=float, default=2.5)
     parser.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "kame-eot-tts"))
     parser.add_argument("--out", default=None, help="every row as JSON")
     args = parser.parse_args()
 
     configs = {"silence": {"end_of_turn": "silence"}}
-    configs |= {f"smart-turn ask {a}": {"end_of_turn": "smart-turn", "eot_ask_s": a, "eot_fallback_s": args.fallback_s,
-                                        "eot_tail_s": min(a, args.tail_s)} for a in args.ask_s}
+    configs |= {f"smart-turn ask {a} tail {t}": {"end_of_turn": "smart-turn", "eot_ask_s": a, "eot_tail_s": t,
+                                                 "eot_fallback_s": args.fallback_s}
+                for a in args.ask_s for t in args.tail_s if t <= a}
     engines = {name: build_asr("whisper", options=opts) for name, opts in configs.items()}
     aligner = next(iter(engines.values())).model
     rows = []

@@ -274,8 +274,9 @@ def end_of_turn_check(settings: ServerSettings) -> Check:
     if path is None:
         return Check("warn", "end-of-turn", f"the silence rule ({whisper.min_silence_s:g} s): {why}; a pause in "
                      "mid-question ends the user's turn")
-    return Check("ok", "end-of-turn", f"{why}: asked after {whisper.eot_ask_s:g} s of silence, "
-                 f"{whisper.eot_fallback_s:g} s ends a turn anyway")
+    ask = whisper.eot_ask_s or whisper.min_silence_s
+    return Check("ok", "end-of-turn", f"{why}: asked after {ask:g} s of silence, {whisper.eot_fallback_s:g} s ends "
+                 "a turn anyway")
 
 
 def _whisper_cache_check(model: str, head: str, hub: Hub) -> Check:

@@ -88,7 +88,7 @@ class WhisperSettings(BaseModel):
     min_silence_s: float = Field(WhisperOptions.min_silence_s, gt=0, le=5)
     max_utterance_s: float = Field(WhisperOptions.max_utterance_s, gt=1, le=30)
     end_of_turn: Literal["smart-turn", "silence"] = WhisperOptions.end_of_turn  # docs/turn-taking.md
-    eot_ask_s: float = Field(WhisperOptions.eot_ask_s, gt=0, le=2)
+    eot_ask_s: float | None = Field(WhisperOptions.eot_ask_s, gt=0, le=2)  # None: min_silence_s
     eot_tail_s: float = Field(WhisperOptions.eot_tail_s, gt=0, le=2)
     eot_fallback_s: float = Field(WhisperOptions.eot_fallback_s, gt=0, le=10)
     eot_threshold: float = Field(WhisperOptions.eot_threshold, gt=0, lt=1)
@@ -96,8 +96,9 @@ class WhisperSettings(BaseModel):
 
     @model_validator(mode="after")
     def _check_pause(self) -> WhisperSettings:
-        if not self.eot_tail_s <= self.eot_ask_s < self.eot_fallback_s:
-            raise ValueError(f"the pauses must grow: eot_tail_s ({self.eot_tail_s}) <= eot_ask_s ({self.eot_ask_s}) "
+        ask = self.eot_ask_s or self.min_silence_s
+        if not self.eot_tail_s <= ask < self.eot_fallback_s:
+            raise ValueError(f"the pauses must grow: eot_tail_s ({self.eot_tail_s}) <= eot_ask_s ({ask}) "
                              f"< eot_fallback_s ({self.eot_fallback_s})")
         return self
 
@@ -130,6 +131,11 @@ class KyutaiSttSettings(BaseModel):
     eot_threshold: float = Field(SttOptions.eot_threshold, gt=0, lt=1)
     min_silence_s: float = Field(SttOptions.min_silence_s, gt=0, le=5)
     vad_threshold: float = Field(SttOptions.vad_threshold, gt=0, lt=1)
+    # without an end-of-turn head: Smart Turn judges each pause (docs/turn-taking.md)
+    end_of_turn: Literal["smart-turn", "silence"] = SttOptions.end_of_turn
+    eot_tail_s: float = Field(SttOptions.eot_tail_s, gt=0, le=2)
+    eot_fallback_s: float = Field(SttOptions.eot_fallback_s, gt=0, le=10)
+    smart_turn_model: str | None = SttOptions.smart_turn_model
 
 
 class ServerSettings(BaseSettings):

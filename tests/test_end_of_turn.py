@@ -75,10 +75,12 @@ def test_a_pause_in_mid_question_keeps_the_turn_open(smart, tts):
     [final] = finals(events)  # one final, for the whole question
     assert final.start_s < question.pause_at_s and final.end_s > question.speech_end_s
     assert final.text.lower().startswith("how many legs") and final.text.rstrip("?.").endswith("have")
-    # the partials went on through the pause (the planner keeps streaming attempts on them), and the
-    # final came well before the fallback: the model heard the finished question as complete
-    pause = (question.pause_at_s, question.pause_at_s + 1.0)
-    assert any(isinstance(e, PartialTranscript) and pause[0] < e.end_s <= pause[1] for e in events)
+    # the partials before the pause and after it are of one utterance (the planner streams attempts on
+    # them as it does while the user speaks), and the final came well before the fallback: the model
+    # heard the finished question as complete
+    partials = [e for e in events if isinstance(e, PartialTranscript)]
+    assert partials[0].end_s < question.pause_at_s + 0.5 < question.pause_at_s + 1.0 < partials[-1].end_s
+    assert {p.start_s for p in partials} == {final.start_s}
     assert final.end_s - question.speech_end_s < smart.options.eot_fallback_s - 1.0
 
 
@@ -99,7 +101,7 @@ def test_a_complete_question_gets_its_final_at_the_first_ask(smart, tts):
     pcm = np.concatenate([quiet, speech(text, tts), quiet, quiet, quiet])
     end = speech_end(pcm)
     [final] = finals(asyncio.run(transcribe_pcm(smart, pcm)))
-    assert final.end_s - end < smart.options.eot_ask_s + 0.15  # at eot_ask_s, plus the VAD's lag
+    assert final.end_s - end < smart.options.min_silence_s + 0.15  # asked at min_silence_s, plus the VAD's lag
 
 
 # ------------------------------------------------------------------ the rule that asks it
@@ -238,3 +240,84 @@ def test_doctor_says_what_ends_a_turn(no_env, monkeypatch):
     monkeypatch.setattr(eot.importlib.metadata, "distribution", not_installed)
     fallback = end_of_turn_check(ServerSettings())
     assert fallback.level == "warn" and "pipecat-ai is not installed" in fallback.text
+
+
+# ------------------------------------------------------------------ Kyutai STT's pause rule, judged
+
+
+class NowExecutor:
+    """Runs a question at once (the engine thread's executor, made deterministic)."""
+
+    def submit(self, fn, *args):
+        from concurrent.futures import Future
+
+        future = Future()
+        future.set_result(fn(*args))
+        return future
+
+
+class LateExecutor:
+    """Keeps the questions; answers them when told (a model slower than a frame)."""
+
+    def __init__(self) -> None:
+        self.asked = []
+
+    def submit(self, fn, *args):
+        from concurrent.futures import Future
+
+        self.asked.append((Future(), fn, args))
+        return self.asked[-1][0]
+
+    def answer(self) -> None:
+        for future, fn, args in self.asked:
+            future.set_result(fn(*args))
+
+
+class LoudVad:
+    """Silero's ONNX session, stood in: a chunk is speech when it is loud."""
+
+    def run(self, _outputs, feeds):
+        loud = float(np.abs(feeds["input"][0, 64:]).mean()) > 0.05
+        return np.array([[0.9 if loud else 0.1]], np.float32), feeds["h"], feeds["c"]
+
+
+def judged_rule(model, executor, silence_frames=5, fallback_frames=20):
+    from kame.asr.end_of_turn import FramePauseJudge
+    from kame.asr.vad import SilenceEndOfTurn
+
+    judge = FramePauseJudge(model, executor, 1280, ask_frames=3, fallback_frames=fallback_frames, threshold=0.5)
+    return SilenceEndOfTurn(LoudVad(), silence_frames, judge=judge)
+
+
+LOUD = (np.random.default_rng(0).standard_normal(1920) * 0.3).astype(np.float32)
+QUIET = np.zeros(1920, np.float32)
+
+
+def test_kyutai_pause_rule_ends_a_turn_smart_turn_calls_complete_at_the_pause_rules_frame():
+    model = ScriptedModel(0.9)
+    rule = judged_rule(model, NowExecutor())
+    signal = [rule(f) for f in [LOUD] * 6 + [QUIET] * 8]
+    assert signal.index(1.0) - 6 in (4, 5, 6) and signal[-1] == 1.0  # as the plain rule: the pause's frames
+    # asked once, at 3 frames of pause, on what came before it and ~0.2 s of the pause
+    assert len(model.heard) == 1 and 6 * 1280 < model.heard[0] <= 6 * 1280 + 0.3 * RATE
+
+
+def test_kyutai_pause_rule_keeps_a_turn_open_that_smart_turn_calls_incomplete():
+    model = ScriptedModel(0.1, 0.9)
+    rule = judged_rule(model, NowExecutor())
+    first = [rule(f) for f in [LOUD] * 6 + [QUIET] * 12]  # incomplete: the pause goes on
+    second = [rule(f) for f in [LOUD] * 3 + [QUIET] * 8]  # speech again, then a pause called complete
+    assert 1.0 not in first and second[-1] == 1.0 and len(model.heard) == 2
+    fallback = judged_rule(ScriptedModel(0.0), NowExecutor(), fallback_frames=20)
+    signal = [fallback(f) for f in [LOUD] * 6 + [QUIET] * 22]
+    assert signal.index(1.0) - 6 in (19, 20, 21)  # the fallback ends it anyway
+
+
+def test_kyutai_pause_rule_never_waits_for_the_model():
+    executor = LateExecutor()
+    rule = judged_rule(ScriptedModel(0.9), executor)
+    assert [rule(f) for f in [LOUD] * 6 + [QUIET] * 8][-1] == 0.0  # not answered yet: the turn stays open
+    executor.answer()
+    assert rule(QUIET) == 1.0
+    rule(LOUD)  # speech: the old pause's answer counts for nothing, the new pause waits for its own
+    assert [rule(f) for f in [QUIET] * 8] == [0.0] * 8 and len(executor.asked) == 2

@@ -141,7 +141,8 @@ def test_asr_and_history_settings_reach_the_engines(monkeypatch):
     runtime = settings.runtime_settings()
     assert runtime.asr_options["whisper"]["min_silence_s"] == 1.2
     assert runtime.asr_options["kyutai-stt"] == {"eot_head": 2, "eot_threshold": 0.7, "min_silence_s": 0.6,
-                                                  "vad_threshold": 0.5}
+                                                  "vad_threshold": 0.5, "end_of_turn": "smart-turn", "eot_tail_s": 0.1,
+                                                  "eot_fallback_s": 2.5, "smart_turn_model": None}
     assert runtime.planner.max_history_turns == 3
     asr = build_asr("whisper", options=runtime.asr_options["whisper"])
     try:

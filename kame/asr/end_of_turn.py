@@ -2,9 +2,9 @@
 
 Smart Turn v3 (Daily's model, BSD-2-Clause; the ONNX file that the pipecat-ai wheel ships) hears the
 last 8 s of 16 kHz audio as Whisper log-mel features and gives the probability that the turn is
-complete. It judges how the speech before a pause sounds, with a short pause after it (~0.2 s, as it
-was trained: given a longer silence it calls nearly every turn complete), so it hears the pause cut to
-`tail_s`, once per pause; a fallback silence ends the turn whatever it said (`PauseRule`).
+complete. It judges how the speech before a pause sounds, with a short bit of the pause after it
+(given a longer silence it calls nearly every turn complete), so it hears the pause cut to `tail_s`,
+once per pause; a fallback silence ends the turn whatever it said (`PauseRule`).
 docs/turn-taking.md has the measurements.
 """
 
@@ -112,7 +112,7 @@ class PauseRule:
     ask_s: float
     fallback_s: float
     threshold: float
-    tail_s: float = 0.2
+    tail_s: float = 0.1
     asked: bool = False  # the model was asked in this pause
     last_probability: float | None = None
 
@@ -139,3 +139,35 @@ class PauseRule:
         self.last_probability = self.model(heard[: len(heard) - cut])
         logger.debug("end of turn: p(complete)=%.3f after %.2f s of silence", self.last_probability, silence / RATE)
         return self.last_probability >= self.threshold
+
+
+class FramePauseJudge:
+    """The model for a frame-by-frame pause rule on a thread that must not wait (Kyutai STT's engine
+    thread, `vad.SilenceEndOfTurn`): once a pause reaches `ask_frames` the question goes to `executor`,
+    and its answer counts when it is back; speech drops it; `fallback_frames` of pause end the turn anyway."""
+
+    def __init__(self, model: TurnModel, executor, frame_samples: int, ask_frames: int, fallback_frames: int,
+                 threshold: float, tail_s: float = 0.1) -> None:
+        self.model, self.executor, self.threshold = model, executor, threshold
+        self.frame_samples, self.ask_frames, self.fallback_frames = frame_samples, ask_frames, fallback_frames
+        self.tail = int(tail_s * RATE)
+        self._audio = np.zeros(0, dtype=np.float32)  # the last 8 s and the pause, 16 kHz
+        self._answer = None  # the future of this pause's question
+
+    def hear(self, audio16: np.ndarray) -> None:
+        keep = WINDOW_S * RATE + self.fallback_frames * self.frame_samples
+        self._audio = np.concatenate([self._audio, audio16])[-keep:]
+
+    def speech(self) -> None:
+        self._answer = None  # a question still running is answered into nothing
+
+    def complete(self, quiet: int) -> bool:
+        """Whether the pause of `quiet` frames ends the turn, as far as the model knows by now."""
+        if quiet >= self.fallback_frames:
+            return True
+        if quiet >= self.ask_frames and self._answer is None:
+            cut = max(0, quiet * self.frame_samples - self.tail)
+            self._answer = self.executor.submit(self.model, self._audio[: len(self._audio) - cut].copy())
+        answer = self._answer
+        return answer is not None and answer.done() and answer.exception() is None and (
+            answer.result() >= self.threshold)

@@ -5,7 +5,8 @@ text tokens out, a fixed `audio_delay_seconds` behind the audio, after a silence
 `audio_silence_prefix_seconds` (both from its config's `stt_config`). Some checkpoints have extra
 heads that predict the end of a turn ("semantic VAD"); some may not (Kyutai's own `--vad` example
 switches from `kyutai/stt-1b-en_fr` to `kyutai/stt-1b-en_fr-candle`, which suggests the PyTorch repo
-lacks them; unverified here), and then a turn ends after a pause that Silero VAD hears on the input.
+lacks them; unverified here), and then a turn ends after a pause that Silero VAD hears on the input,
+judged by Smart Turn where pipecat-ai is installed (`end_of_turn.py`: a pause in mid-sentence goes on).
 Which one a checkpoint is comes from its own header and config, and start-up says. It loads through
 the front-end loader (same layouts) and runs on its own engine thread, all sessions' streams
 stepped in one batch per frame.
@@ -18,6 +19,7 @@ import contextlib
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 
@@ -26,6 +28,7 @@ import torch
 from moshi.models.lm import LMGen
 from moshi.utils.compile import no_compile
 
+from kame.asr.end_of_turn import FramePauseJudge, load_turn_model
 from kame.asr.events import AsrFailure, FinalTranscript, PartialTranscript, TranscriptEvent, drain_events
 from kame.asr.vad import SilenceEndOfTurn, silero_session
 from kame.errors import EngineError
@@ -48,6 +51,12 @@ class SttOptions:
     # without an end-of-turn head: a pause this long (and at least the model's delay) ends the turn
     min_silence_s: float = 0.6
     vad_threshold: float = 0.5  # Silero speech probability that counts as speech (the pause rule)
+    # without a head, "smart-turn": a pause of min_silence_s ends the turn only if Smart Turn calls it complete
+    # (eot_threshold; asked on a worker thread); "silence": the pause alone does (docs/turn-taking.md)
+    end_of_turn: str = "smart-turn"
+    eot_tail_s: float = 0.1  # smart-turn: how much of the pause the model hears (as whisper's)
+    eot_fallback_s: float = 2.5  # smart-turn: this much silence ends a turn whatever the model said
+    smart_turn_model: str | None = None  # smart-turn: an ONNX file; None: the one pipecat-ai ships
 
 
 @dataclass(frozen=True)
@@ -147,13 +156,24 @@ class KyutaiSttAsr:
         self.prefix_frames = math.ceil(float(stt.get("audio_silence_prefix_seconds", 0.0)) * FRAME_RATE)
         self.delay_s = float(stt.get("audio_delay_seconds", 0.5))
         self.end_of_turn = "head" if len(self.model.lm.extra_heads) > options.eot_head else "pause"
-        pause_rule = None
+        pause_rule, self._judges = None, None
         if self.end_of_turn == "pause":
             frames = SilenceEndOfTurn.frames_for(options.min_silence_s, self.delay_s, FRAME_RATE)
+            turn_model, why = load_turn_model(options.end_of_turn, options.smart_turn_model)
+            judge = None
+            if turn_model is not None:
+                self._judges = ThreadPoolExecutor(1, thread_name_prefix="kame-smart-turn")
+                # asked as soon as it has heard its 0.2 s of the pause: the answer (~50 ms) is back well
+                # before the pause rule's own frames have passed, and the engine never waits for it
+                judge = partial(FramePauseJudge, turn_model, self._judges, FRAME_SIZE * 2 // 3,
+                                math.ceil(options.eot_tail_s * FRAME_RATE),
+                                math.ceil(options.eot_fallback_s * FRAME_RATE), options.eot_threshold,
+                                options.eot_tail_s)
             session = silero_session()
-            pause_rule = partial(SilenceEndOfTurn, session, frames, options.vad_threshold)
+            pause_rule = partial(_pause_rule, session, frames, options.vad_threshold, judge)
             logger.warning("kyutai-stt: %s has no end-of-turn head (extra_heads[%d]): a turn ends after %.2f s of "
-                           "silence (Silero VAD) instead", options.model, options.eot_head, frames / FRAME_RATE)
+                           "silence (Silero VAD) instead; judged by %s", options.model, options.eot_head,
+                           frames / FRAME_RATE, why)
         self.batch = SttBatch(self.model, options.max_sessions, options.eot_head, pause_rule)
         # up to 60 s of backlog per stream; beyond it the oldest audio is dropped
         self.runner = EngineRunner(self.batch, batch_window_s=0.02, max_pending_frames=750, clock="eager",
@@ -170,6 +190,13 @@ class KyutaiSttAsr:
     def close(self) -> None:
         self.runner.stop()
         self.batch.close()
+        if self._judges is not None:
+            self._judges.shutdown(cancel_futures=True)
+
+
+def _pause_rule(session, frames: int, vad_threshold: float, judge) -> SilenceEndOfTurn:
+    """A stream's pause rule, with its own Smart Turn judge when there is a model."""
+    return SilenceEndOfTurn(session, frames, vad_threshold, judge() if judge is not None else None)
 
 
 class KyutaiSttStream:

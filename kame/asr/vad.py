@@ -1,5 +1,5 @@
-"""Silero VAD (the model faster-whisper ships) run as a stream, and the silence rule that ends a
-turn where the ASR has no end-of-turn model of its own."""
+"""Silero VAD (the model faster-whisper ships) run as a stream, and the pause rule that ends a
+turn where the ASR has no end-of-turn model of its own (with Smart Turn judging the pause, if given)."""
 
 from __future__ import annotations
 
@@ -42,10 +42,13 @@ class SilenceEndOfTurn:
     """An end-of-turn signal from silence, one 80 ms frame of 24 kHz audio at a time: 1.0 once speech
     was heard and then `silence_frames` frames without it, until speech comes again; else 0.0 (what an
     end-of-turn head would say, with a pause for a turn's end). The stream ends an utterance on the
-    first frame without text while it is 1.0, so a pause ends the words before it once."""
+    first frame without text while it is 1.0, so a pause ends the words before it once.
 
-    def __init__(self, session, silence_frames: int, threshold: float = 0.5) -> None:
-        self.silence_frames, self.threshold = silence_frames, threshold
+    With `judge` (end_of_turn.FramePauseJudge), the pause must also be judged complete by Smart Turn, or
+    reach the judge's fallback: a pause in mid-sentence does not end the turn."""
+
+    def __init__(self, session, silence_frames: int, threshold: float = 0.5, judge=None) -> None:
+        self.silence_frames, self.threshold, self.judge = silence_frames, threshold, judge
         self._vad = StreamingVad(session)
         self._resample = Resampler24to16()
         self._pending = np.zeros(0, dtype=np.float32)
@@ -60,13 +63,22 @@ class SilenceEndOfTurn:
         return max(math.ceil(min_silence_s * frame_rate), math.ceil(delay_s * frame_rate) + 2)
 
     def __call__(self, frame: np.ndarray) -> float:
-        self._pending = np.concatenate([self._pending, self._resample(frame)])
+        audio16 = self._resample(frame)
+        self._pending = np.concatenate([self._pending, audio16])
+        if self.judge is not None:
+            self.judge.hear(audio16)
         speech = False
         while len(self._pending) >= VAD_CHUNK:
             chunk, self._pending = self._pending[:VAD_CHUNK], self._pending[VAD_CHUNK:]
             speech |= self._vad(chunk) >= self.threshold
         if speech:
             self._heard_speech, self._quiet = True, 0
+            if self.judge is not None:
+                self.judge.speech()
         else:
             self._quiet += 1
-        return 1.0 if self._heard_speech and self._quiet >= self.silence_frames else 0.0
+        if not self._heard_speech:
+            return 0.0
+        if self.judge is not None and self.judge.complete(self._quiet):
+            return 1.0 if self._quiet >= self.silence_frames else 0.0
+        return 1.0 if self.judge is None and self._quiet >= self.silence_frames else 0.0

@@ -52,9 +52,10 @@ class WhisperOptions:
     # "smart-turn": the Smart Turn v3 model judges each pause (the silence rule where pipecat-ai, which
     # ships it, is not installed); "silence": `min_silence_s` of silence ends an utterance
     end_of_turn: str = "smart-turn"
-    # smart-turn: silence after which the model is asked (once per pause); longer than a comma's pause
-    eot_ask_s: float = 0.5
-    eot_tail_s: float = 0.2  # smart-turn: how much of the pause the model hears (it was trained on ~0.2 s)
+    # smart-turn: silence after which the model is asked (once per pause); None: min_silence_s, so that it
+    # only keeps open a turn that the silence rule would end (a comma's pause is never judged)
+    eot_ask_s: float | None = None
+    eot_tail_s: float = 0.1  # smart-turn: how much of the pause the model hears (measured: docs/turn-taking.md)
     eot_fallback_s: float = 2.5  # smart-turn: silence that ends an utterance whatever the model said
     eot_threshold: float = 0.5  # smart-turn: probability of a complete turn that ends the utterance
     smart_turn_model: str | None = None  # smart-turn: an ONNX file; None: the one pipecat-ai ships
@@ -156,8 +157,8 @@ class WhisperStream(ThreadedStream):
         self._silence = 0
         self._since_decode = 0
         self._last_text = ""
-        self._turn = PauseRule(asr.turn_model, self.opt.min_silence_s, self.opt.eot_ask_s, self.opt.eot_fallback_s,
-                               self.opt.eot_threshold, self.opt.eot_tail_s)
+        self._turn = PauseRule(asr.turn_model, self.opt.min_silence_s, self.opt.eot_ask_s or self.opt.min_silence_s,
+                               self.opt.eot_fallback_s, self.opt.eot_threshold, self.opt.eot_tail_s)
         super().__init__()
 
     def _feed(self, pcm: np.ndarray) -> None:
