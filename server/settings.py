@@ -65,6 +65,7 @@ class PlannerSettings(BaseModel):
     keep_agreeing_oracle: bool = PlannerConfig.keep_agreeing_oracle
     max_history_turns: int = Field(PlannerConfig.max_history_turns, ge=1, le=1000)
     max_tool_rounds: int = Field(PlannerConfig.max_tool_rounds, ge=1, le=10)
+    backchannel_window_s: float = Field(PlannerConfig.backchannel_window_s, ge=0, le=10)  # 0: no backchannels
 
 
 class KnowledgeSettings(BaseModel):
