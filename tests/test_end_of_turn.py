@@ -55,7 +55,7 @@ def test_smart_turn_hears_a_sentence_cut_short_as_incomplete(smart, tts):
     text, word = HESITANT
     pcm = speech(text, tts)
     cut = quietest_cut(pcm, word_starts(pcm, smart.model)[word][1])
-    pause = np.zeros(int(0.2 * SAMPLE_RATE), np.float32)  # the model hears ~0.2 s of the pause
+    pause = np.zeros(int(WhisperOptions.eot_tail_s * SAMPLE_RATE), np.float32)  # the bit of the pause it hears
 
     def heard(audio24: np.ndarray) -> float:
         return smart.turn_model(Resampler24to16()(audio24))
@@ -153,14 +153,13 @@ def test_without_a_model_the_silence_rule_decides():
 
 
 @pytest.mark.slow
-def test_an_utterance_the_model_never_calls_complete_ends_at_the_fallback(smart, tts):
-    asr = WhisperAsr(WhisperOptions(coalesce=False))
-    asr.turn_model = lambda audio: 0.0
+def test_an_utterance_the_model_never_calls_complete_ends_at_the_fallback(smart, tts, monkeypatch):
+    monkeypatch.setattr(smart, "turn_model", lambda audio: 0.0)  # streams opened from now on ask this
     text = "Thank you very much."
     pcm = np.concatenate([speech(text, tts), np.zeros(SAMPLE_RATE * 4, np.float32)])
-    [final] = finals(asyncio.run(transcribe_pcm(asr, pcm)))
+    [final] = finals(asyncio.run(transcribe_pcm(smart, pcm)))
     late = final.end_s - speech_end(pcm)  # audio time: the VAD's silence count lags the sound a little
-    assert asr.options.eot_fallback_s <= late < asr.options.eot_fallback_s + 0.3
+    assert smart.options.eot_fallback_s <= late < smart.options.eot_fallback_s + 0.3
 
 
 # ------------------------------------------------------------------ no model: the silence rule, said once
