@@ -1,7 +1,7 @@
 """How the end of a turn is decided, measured: questions spoken with a pause inside them, through the
 whisper ASR with the silence rule and with Smart Turn (docs/turn-taking.md has the figures).
 
-    python scripts/eot_sweep.py --pauses 0 0.5 1 2 --out /tmp/eot.json
+    python scripts/eot_sweep.py --ask-s 0.6 --tail-s 0.1 0.2 --out /tmp/eot.json
 
 For each question and pause: how many finals it got (one: the whole question in one final), and how long
 after the last word (audio time) its last final came. Needs the eval extra (piper) and pipecat-ai (turn).

@@ -43,7 +43,7 @@ class TurnModel(Protocol):
 
 class SmartTurn:
     """Smart Turn v3 on onnxruntime; one per engine, shared by its streams (ONNX Runtime's `run` is
-    thread-safe). Blocking (~50-100 ms on one CPU core): call it from the ASR's worker thread."""
+    thread-safe). Blocking (0.1-0.3 s on one busy CPU core): call it from a worker thread."""
 
     def __init__(self, path: str | Path, threads: int = 1) -> None:
         import onnxruntime as ort
