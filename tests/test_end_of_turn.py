@@ -251,7 +251,10 @@ class NowExecutor:
         from concurrent.futures import Future
 
         future = Future()
-        future.set_result(fn(*args))
+        try:
+            future.set_result(fn(*args))
+        except Exception as exc:  # as a thread pool keeps it
+            future.set_exception(exc)
         return future
 
 
@@ -320,3 +323,16 @@ def test_kyutai_pause_rule_never_waits_for_the_model():
     assert rule(QUIET) == 1.0
     rule(LOUD)  # speech: the old pause's answer counts for nothing, the new pause waits for its own
     assert [rule(f) for f in [QUIET] * 8] == [0.0] * 8 and len(executor.asked) == 2
+
+
+def test_a_failing_model_leaves_the_pause_to_the_silence_rule(caplog):
+    def broken(audio):
+        raise RuntimeError("onnx says no")
+
+    rule = PauseRule(broken, min_silence_s=0.6, ask_s=0.6, fallback_s=2.5, threshold=0.5)
+    with caplog.at_level(logging.ERROR):
+        assert not rule.ends(int(0.5 * RATE), chunks(1)) and rule.ends(int(0.6 * RATE), chunks(1))
+    kyutai = judged_rule(broken, NowExecutor())
+    with caplog.at_level(logging.ERROR):
+        assert [kyutai(f) for f in [LOUD] * 6 + [QUIET] * 8][-1] == 1.0
+    assert len([r for r in caplog.records if "end-of-turn model failed" in r.getMessage()]) == 2

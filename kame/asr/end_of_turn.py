@@ -33,7 +33,7 @@ END_OF_TURN_MODES = ("smart-turn", "silence")
 
 
 class EndOfTurnError(KameError):
-    """An end-of-turn model that was asked for by path could not be loaded."""
+    """A bad end-of-turn setting: an unknown mode, or a model file that is not there."""
 
 
 class TurnModel(Protocol):
@@ -136,7 +136,11 @@ class PauseRule:
             chunks.append(chunk)
             kept += len(chunk)
         heard = np.concatenate(chunks[::-1])
-        self.last_probability = self.model(heard[: len(heard) - cut])
+        try:
+            self.last_probability = self.model(heard[: len(heard) - cut])
+        except Exception:  # onnxruntime raises its own kinds; the stream goes on
+            logger.exception("the end-of-turn model failed: this pause ends the turn (the silence rule)")
+            return True
         logger.debug("end of turn: p(complete)=%.3f after %.2f s of silence", self.last_probability, silence / RATE)
         return self.last_probability >= self.threshold
 
@@ -169,5 +173,11 @@ class FramePauseJudge:
             cut = max(0, quiet * self.frame_samples - self.tail)
             self._answer = self.executor.submit(self.model, self._audio[: len(self._audio) - cut].copy())
         answer = self._answer
-        return answer is not None and answer.done() and answer.exception() is None and (
-            answer.result() >= self.threshold)
+        if answer is None or not answer.done():
+            return False
+        if answer.exception() is not None:  # the silence rule's answer; said once per failure
+            if not getattr(answer, "reported", False):
+                answer.reported = True
+                logger.error("the end-of-turn model failed (%s): this pause ends the turn", answer.exception())
+            return True
+        return answer.result() >= self.threshold
