@@ -79,6 +79,5 @@ class SilenceEndOfTurn:
             self._quiet += 1
         if not self._heard_speech:
             return 0.0
-        if self.judge is not None and self.judge.complete(self._quiet):
-            return 1.0 if self._quiet >= self.silence_frames else 0.0
-        return 1.0 if self.judge is None and self._quiet >= self.silence_frames else 0.0
+        judged = self.judge is None or self.judge.complete(self._quiet)  # asked on every frame: it asks early
+        return 1.0 if judged and self._quiet >= self.silence_frames else 0.0
