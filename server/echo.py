@@ -5,19 +5,21 @@ the ASR and the front-end do. A session is a telephone one while its audio is G.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from kame.aec import EchoCanceller, EchoOptions, echo_canceller
-from kame.telephony import TELEPHONE_RATE
 
 TELEPHONE_FORMATS = frozenset({"audio/pcmu", "audio/pcma"})
 
 
 class CallEcho:
-    """One session's echo path, on the line's own 8 kHz audio (what the caller hears and sends, at a
-    third of the canceller's cost at 24 kHz): `sent` is told the audio sent as the caller decodes it,
-    `heard` cleans the caller's decoded audio. Idle (audio passes untouched) unless the session is a
-    telephone one and `[echo] telephone` is on."""
+    """One session's echo path, at 24 kHz around the session's codecs: `sent` is told the audio before
+    it is encoded for the caller, `heard` cleans the caller's audio once decoded. (At the line's own
+    8 kHz the canceller costs half as much, but lost more of the caller's words in double talk:
+    docs/echo.md.) Idle, audio untouched, unless the session is a telephone one and `[echo] telephone`
+    is on."""
 
     def __init__(self, options: EchoOptions) -> None:
         self.options = options
@@ -32,8 +34,8 @@ class CallEcho:
         if not (self.options.telephone and {input_type, output_type} <= TELEPHONE_FORMATS):
             self.canceller = None
         elif self.canceller is None:
-            self.canceller = echo_canceller(sample_rate=TELEPHONE_RATE, delay_ms=self.options.delay_ms,
-                                            max_reference_s=self.options.max_reference_s)
+            options = self.options
+            self.canceller = echo_canceller(delay_ms=options.delay_ms, max_reference_s=options.max_reference_s)
 
     def sent(self, pcm: np.ndarray) -> None:
         if self.canceller is not None:
@@ -46,3 +48,17 @@ class CallEcho:
         """The caller stopped playing what it was sent (a truncation): no echo of the rest will come."""
         if self.canceller is not None:
             self.canceller.clear_reference()
+
+    def decoder(self, decode: Callable[[bytes], np.ndarray]) -> Callable[[bytes], np.ndarray]:
+        """The session's decoder, followed by the canceller while it is active."""
+        return decode if self.canceller is None else lambda data: self.heard(decode(data))
+
+    def encoder(self, encode: Callable[[np.ndarray], bytes]) -> Callable[[np.ndarray], bytes]:
+        """The session's encoder, telling the canceller what it encodes while it is active."""
+        if self.canceller is None:
+            return encode
+
+        def encode_sent(pcm: np.ndarray) -> bytes:
+            self.sent(pcm)
+            return encode(pcm)
+        return encode_sent

@@ -64,18 +64,17 @@ def scene(assistant: np.ndarray, user: np.ndarray | None, *, delay_ms: float, ga
     voice = np.zeros(length, dtype=np.float32)
     if user is not None:
         voice[at:at + len(user)] = user
-    mic = voice + echo
-    mic = phone_line(mic) if telephone else mic
+    mic = phone_line(voice + echo) if telephone else voice + echo
     echo_end = at if user is not None else lead + len(assistant)
     return EchoScene(played, voice, mic.astype(np.float32), slice(lead + delay + int(1.5 * SAMPLE_RATE), echo_end))
 
 
 def cancel_frames(process_input: Callable[[np.ndarray, np.ndarray], np.ndarray], mic: np.ndarray,
-                  played: np.ndarray) -> np.ndarray:
-    """`process_input(mic_frame, played_frame)` over whole recordings, 80 ms frame by frame, as a live
-    session would call it."""
-    return np.concatenate([process_input(mic[i:i + FRAME_SIZE], played[i:i + FRAME_SIZE])
-                           for i in range(0, len(mic) - len(mic) % FRAME_SIZE, FRAME_SIZE)])
+                  played: np.ndarray, frame: int = FRAME_SIZE) -> np.ndarray:
+    """`process_input(mic_frame, played_frame)` over whole recordings, 80 ms frame by frame (at 24 kHz
+    unless `frame` says otherwise), as a live session would call it."""
+    return np.concatenate([process_input(mic[i:i + frame], played[i:i + frame])
+                           for i in range(0, len(mic) - len(mic) % frame, frame)])
 
 
 def erle_db(mic: np.ndarray, cleaned: np.ndarray, where: slice) -> float:

@@ -127,18 +127,18 @@ class LiveConfig:
             resource["instructions"] = self.instructions
         return resource
 
-    def decoder(self, line=None):
+    def decoder(self):
         """bytes of the client's format -> float32 at 24 kHz, streaming: the Realtime endpoint's codecs
-        (PCM16 at 24 kHz, G.711, with their `line` hook: server/echo.py), and 16 kHz PCM16 through soxr."""
+        (PCM16 at 24 kHz, G.711), and 16 kHz PCM16 through soxr."""
         if self._pcm_rate in (None, SAMPLE_RATE):
-            return RealtimeFormat(self.audio_format["type"]).decoder(line)
+            return RealtimeFormat(self.audio_format["type"]).decoder()
         stream = soxr.ResampleStream(self._pcm_rate, SAMPLE_RATE, 1, dtype="float32")
         return lambda data: stream.resample_chunk(pcm16_decode(data))
 
-    def encoder(self, line=None):
+    def encoder(self):
         """float32 at 24 kHz -> bytes of the client's format, streaming."""
         if self._pcm_rate in (None, SAMPLE_RATE):
-            return RealtimeFormat(self.audio_format["type"]).encoder(line)
+            return RealtimeFormat(self.audio_format["type"]).encoder()
         stream = soxr.ResampleStream(SAMPLE_RATE, self._pcm_rate, 1, dtype="float32")
         return lambda pcm: pcm16_encode(stream.resample_chunk(np.asarray(pcm, np.float32)))
 

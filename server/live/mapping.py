@@ -143,8 +143,7 @@ class LiveMapping:
         self.config, self._started_at = config, now
         if self.facts.transport == "websocket":  # over WebRTC, the browser cancels its own echo
             self.echo.formats(config.audio_format["type"], config.audio_format["type"])
-        heard, sent = (self.echo.heard, self.echo.sent) if self.echo.active else (None, None)
-        self._decode, self._encode = config.decoder(heard), config.encoder(sent)
+        self._decode, self._encode = self.echo.decoder(config.decoder()), self.echo.encoder(config.encoder())
         self._next_usage = now + self.facts.usage_interval_s
         self.outbox.call(SessionCall("configure", (config.backend, config.system_prompt(self.facts))))
         if config.delegation == "client":

@@ -8,11 +8,9 @@ GA field names and the beta ones (`input_audio_format`, top-level `turn_detectio
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
-import numpy as np
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -68,34 +66,19 @@ class AudioFormat:
     def rate(self) -> int:
         return SAMPLE_RATE if self.type == "audio/pcm" else TELEPHONE_RATE
 
-    def decoder(self, line: Callable[[np.ndarray], np.ndarray] | None = None):
-        """bytes -> float32 at 24 kHz, carrying the resampler's state; `line` first gets the decoded audio
-        at the format's own rate and returns what goes on (the echo canceller, server/echo.py)."""
-        line = line or _same
+    def decoder(self):
+        """bytes -> float32 at 24 kHz, carrying the resampler's state."""
         if self.type == "audio/pcm":
-            return lambda data: line(pcm16_decode(data))
+            return pcm16_decode
         decode, upsample = (ulaw_decode if self.type == "audio/pcmu" else alaw_decode), Upsampler()
-        return lambda data: upsample(line(decode(data)))
+        return lambda data: upsample(decode(data))
 
-    def encoder(self, line: Callable[[np.ndarray], object] | None = None):
-        """float32 at 24 kHz -> bytes, carrying the resampler's state; `line` is told the audio sent at the
-        format's own rate, as the far end decodes it (the echo canceller's reference)."""
+    def encoder(self):
+        """float32 at 24 kHz -> bytes, carrying the resampler's state."""
         if self.type == "audio/pcm":
-            return pcm16_encode if line is None else lambda pcm: _told(line, pcm16_encode(pcm), pcm16_decode)
+            return pcm16_encode
         encode, downsample = (ulaw_encode if self.type == "audio/pcmu" else alaw_encode), Downsampler()
-        if line is None:
-            return lambda pcm: encode(downsample(pcm))
-        decode = ulaw_decode if self.type == "audio/pcmu" else alaw_decode
-        return lambda pcm: _told(line, encode(downsample(pcm)), decode)
-
-
-def _same(pcm: np.ndarray) -> np.ndarray:
-    return pcm
-
-
-def _told(line: Callable[[np.ndarray], object], data: bytes, decode: Callable[[bytes], np.ndarray]) -> bytes:
-    line(decode(data))
-    return data
+        return lambda pcm: encode(downsample(pcm))
 
 
 def _number(low: float, high: float):

@@ -47,7 +47,7 @@ class RealtimeMapping:
         self.speech = Speech(self.outbox, self.items, lambda: self.config, facts.session_id,
                              options.response_timeout_s, options.energy_dbfs)
         self.user = UserTurns(self.outbox, self.items, on_commit=self.speech.user_committed)
-        # a telephone caller's speakerphone sends our voice back: cancelled inside the codecs, at 8 kHz
+        # a telephone caller's speakerphone sends our voice back: cancelled between the codecs and the session
         self.echo = CallEcho(facts.echo)
         self._codecs()
         # the audio clock: the audio pushed (the client's and fed silence) against the time since it started
@@ -178,8 +178,8 @@ class RealtimeMapping:
         echo canceller between them where the session is a telephone one."""
         config = self.config
         self.echo.formats(config.input_format.type, config.output_format.type)
-        self._decode = config.input_format.decoder(self.echo.heard if self.echo.active else None)
-        self.speech.encode = config.output_format.encoder(self.echo.sent if self.echo.active else None)
+        self._decode = self.echo.decoder(config.input_format.decoder())
+        self.speech.encode = self.echo.encoder(config.output_format.encoder())
 
     def _append(self, audio: str) -> None:
         try:
