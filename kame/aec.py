@@ -2,8 +2,8 @@
 WebRTC's audio processing module (AEC3, through the `livekit` package's binding) takes out of what
 the microphone heard the assistant's own voice, given what was played (the reference), at 24 kHz.
 
-Where one program owns both directions: `kame talk` (client/talk.py) and telephone-style sessions on
-/v1/realtime (server/realtime/mapping.py). Browsers cancel their own echo. docs/echo.md has the numbers.
+Where one program owns both directions: `kame talk` (client/talk.py) and telephone sessions on the
+server (server/echo.py). Browsers cancel their own echo. docs/echo.md has the numbers.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class EchoCancellerUnavailable(KameError):
 class EchoOptions:
     """Echo cancellation on the server: the schema of `[echo]` (server/settings.py reads these defaults)."""
 
-    telephone: bool = True  # cancel the echo of telephone sessions (/v1/realtime with G.711 input, audio/pcmu|pcma)
+    telephone: bool = True  # cancel the echo of telephone sessions (G.711 both ways: audio/pcmu, audio/pcma)
     delay_ms: int | None = None  # hint: played-to-heard delay in ms; None: AEC3 estimates it from the audio
     max_reference_s: float = 2.0  # played audio no input has matched yet is kept this long, then dropped
 
@@ -51,10 +51,10 @@ def _int16(pcm: np.ndarray) -> bytes:
 
 class EchoCanceller:
     """One conversation's canceller. Feed the played audio with `play` and the microphone's with
-    `capture`, in any chunk sizes, float32 at `sample_rate` (24 kHz: the session's; 8 kHz: a phone
-    line's); each 10 ms of microphone audio is cleaned against the next 10 ms of played audio not yet
-    used (silence when none is waiting), so the reference is consumed at the microphone's pace, as a
-    speaker plays it. `process_input` does both for one pair of equal frames.
+    `capture`, in any chunk sizes, float32 at `sample_rate` (the session's 24 kHz by default); each
+    10 ms of microphone audio is cleaned against the next 10 ms of played audio not yet used (silence
+    when none is waiting), so the reference is consumed at the microphone's pace, as a speaker plays
+    it. `process_input` does both for one pair of equal frames.
 
     AEC3 finds the delay between the reference and its echo by itself (measured up to 500 ms here, see
     docs/echo.md); `delay_ms` is a hint for it. Not thread-safe: one caller at a time."""
