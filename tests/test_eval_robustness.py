@@ -57,7 +57,7 @@ def test_every_condition_has_every_metric(run, capsys):
     report = (out / "report.md").read_text()
     head = next(line for line in report.splitlines() if line.startswith("| condition"))
     for metric in ("WER %", "whole-question %", "answer right %", "premature finals / q", "oracle lead s",
-                   "self-answer %", "ASR lag s"):
+                   "self-answer %", "ASR lag at the end s"):
         assert metric in head
     rows = {line.split("|")[1].strip(): line for line in report.splitlines() if line.startswith("| ")}
     assert all(c in rows for c in CONDITIONS)
