@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import logging
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -51,6 +53,9 @@ def test_the_bundled_model_is_found_without_importing_pipecat():
     assert path is not None and path.name == "smart-turn-v3.2-cpu.onnx" and "sha256 checked" in why
     dist = importlib.metadata.distribution("pipecat-ai")
     assert dist.metadata["License-Expression"] == "BSD-2-Clause"  # what docs/turn-taking.md says
+    check = ("import sys; from kame.asr.end_of_turn import bundled_smart_turn; "
+             "assert bundled_smart_turn()[0] and 'pipecat' not in sys.modules")
+    assert subprocess.run([sys.executable, "-c", check], capture_output=True).returncode == 0
 
 
 @pytest.mark.slow
