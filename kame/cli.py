@@ -96,7 +96,8 @@ def _cmd_transcribe(args: argparse.Namespace) -> int:
     from kame.audio import read_audio
 
     pcm = read_audio(args.input)
-    asr = build_asr(args.asr, args.asr_model, args.device, max_sessions=1, realtime=args.realtime)
+    options = {"end_of_turn": args.end_of_turn} if args.end_of_turn else None  # whisper and kyutai-stt alike
+    asr = build_asr(args.asr, args.asr_model, args.device, max_sessions=1, realtime=args.realtime, options=options)
     try:
         events = asyncio.run(transcribe_pcm(asr, pcm, realtime=args.realtime))
     finally:
@@ -163,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
                             help="model name or local directory (default: tiny.en / kyutai/stt-1b-en_fr)")
     transcribe.add_argument("--device", default="auto")
     transcribe.add_argument("--realtime", action="store_true", help="feed the audio at real-time pace")
+    transcribe.add_argument("--end-of-turn", default=None, choices=["smart-turn", "silence"],
+                            help="what ends an utterance at a pause (docs/turn-taking.md; default smart-turn)")
     transcribe.add_argument("--json", action="store_true", help="one JSON object per event")
     transcribe.set_defaults(func=_cmd_transcribe)
 
