@@ -344,3 +344,26 @@ def test_a_failing_model_leaves_the_pause_to_the_silence_rule(caplog):
     with caplog.at_level(logging.ERROR):
         assert [kyutai(f) for f in [LOUD] * 6 + [QUIET] * 8][-1] == 1.0
     assert len([r for r in caplog.records if "end-of-turn model failed" in r.getMessage()]) == 2
+
+
+def test_kyutai_stt_without_a_head_judges_its_pauses_with_smart_turn(tmp_path):
+    """The wiring on a real (tiny, random) STT checkpoint without an end-of-turn head: the judge's executor
+    is made, a question runs through without the engine waiting on it, and close shuts the executor."""
+    from pathlib import Path
+
+    from kame.asr.kyutai_stt import KyutaiSttAsr, SttOptions
+    from kame.audio import read_audio
+    from kame.testing.hub_layouts import TINY_STT_LM_CONFIG, kyutai_stt_repo, random_weights
+
+    layout = kyutai_stt_repo(tmp_path / "stt", random_weights(TINY_STT_LM_CONFIG, seed=2))
+    asr = KyutaiSttAsr(SttOptions(model=str(layout), device="cpu", max_sessions=1))
+    question = read_audio(Path(__file__).parent / "fixtures" / "question.wav")
+    asked, model = [], asr.turn_model
+    asr.turn_model = lambda audio: asked.append(len(audio)) or model(audio)  # streams opened from now on
+    try:
+        assert asr.end_of_turn == "pause" and asr._judges is not None
+        asyncio.run(transcribe_pcm(asr, np.concatenate([question, np.zeros(SAMPLE_RATE * 2, np.float32)])))
+    finally:
+        asr.close()
+    assert asked  # the pause after the question was judged
+    assert asr._judges._shutdown

@@ -156,30 +156,34 @@ class KyutaiSttAsr:
         self.prefix_frames = math.ceil(float(stt.get("audio_silence_prefix_seconds", 0.0)) * FRAME_RATE)
         self.delay_s = float(stt.get("audio_delay_seconds", 0.5))
         self.end_of_turn = "head" if len(self.model.lm.extra_heads) > options.eot_head else "pause"
-        pause_rule, self._judges = None, None
+        pause_rule, self.turn_model, self._judges = None, None, None
         if self.end_of_turn == "pause":
             frames = SilenceEndOfTurn.frames_for(options.min_silence_s, self.delay_s, FRAME_RATE)
-            turn_model, why = load_turn_model(options.end_of_turn, options.smart_turn_model)
-            judge = None
-            if turn_model is not None:
+            self.turn_model, why = load_turn_model(options.end_of_turn, options.smart_turn_model)
+            if self.turn_model is not None:
                 self._judges = ThreadPoolExecutor(1, thread_name_prefix="kame-smart-turn")
-                # asked as soon as it has heard its 0.2 s of the pause: the answer (~50 ms) is back well
-                # before the pause rule's own frames have passed, and the engine never waits for it
-                judge = partial(FramePauseJudge, turn_model, self._judges, FRAME_SIZE * 2 // 3,
-                                math.ceil(options.eot_tail_s * FRAME_RATE),
-                                math.ceil(options.eot_fallback_s * FRAME_RATE), options.eot_threshold,
-                                options.eot_tail_s)
-            session = silero_session()
-            pause_rule = partial(_pause_rule, session, frames, options.vad_threshold, judge)
+            pause_rule = partial(SilenceEndOfTurn, silero_session(), frames, options.vad_threshold)
             logger.warning("kyutai-stt: %s has no end-of-turn head (extra_heads[%d]): a turn ends after %.2f s of "
                            "silence (Silero VAD) instead; judged by %s", options.model, options.eot_head,
                            frames / FRAME_RATE, why)
-        self.batch = SttBatch(self.model, options.max_sessions, options.eot_head, pause_rule)
+        self.batch = SttBatch(self.model, options.max_sessions, options.eot_head,
+                              pause_rule and partial(self._pause_rule, pause_rule))
         # up to 60 s of backlog per stream; beyond it the oldest audio is dropped
         self.runner = EngineRunner(self.batch, batch_window_s=0.02, max_pending_frames=750, clock="eager",
                                    jitter_frames=None).start()
         logger.info("ASR kyutai-stt: %s, %d slots, text %.2f s behind the audio",
                     options.model, options.max_sessions, self.delay_s)
+
+    def _pause_rule(self, rule: Callable[..., SilenceEndOfTurn]) -> SilenceEndOfTurn:
+        """A stream's pause rule (made on the engine thread when a slot is reset), with its own judge."""
+        if self.turn_model is None:
+            return rule()
+        o = self.options
+        # asked as soon as it has heard its bit of the pause: the answer (~0.1 s) is back well before the
+        # pause rule's own frames have passed, and the engine never waits for it
+        return rule(FramePauseJudge(self.turn_model, self._judges, FRAME_SIZE * 2 // 3,
+                                    math.ceil(o.eot_tail_s * FRAME_RATE), math.ceil(o.eot_fallback_s * FRAME_RATE),
+                                    o.eot_threshold, o.eot_tail_s))
 
     def open_stream(self) -> KyutaiSttStream:
         return KyutaiSttStream(self)
@@ -192,11 +196,6 @@ class KyutaiSttAsr:
         self.batch.close()
         if self._judges is not None:
             self._judges.shutdown(cancel_futures=True)
-
-
-def _pause_rule(session, frames: int, vad_threshold: float, judge) -> SilenceEndOfTurn:
-    """A stream's pause rule, with its own Smart Turn judge when there is a model."""
-    return SilenceEndOfTurn(session, frames, vad_threshold, judge() if judge is not None else None)
 
 
 class KyutaiSttStream:
