@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import logging
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -155,12 +156,16 @@ class FramePauseJudge:
         self.model, self.executor, self.threshold = model, executor, threshold
         self.frame_samples, self.ask_frames, self.fallback_frames = frame_samples, ask_frames, fallback_frames
         self.tail = int(tail_s * RATE)
-        self._audio = np.zeros(0, dtype=np.float32)  # the last 8 s and the pause, 16 kHz
+        self._keep = WINDOW_S * RATE + (fallback_frames + 1) * frame_samples  # the last 8 s and the pause
+        self._audio: deque[np.ndarray] = deque()  # 16 kHz, a frame a piece: no copy per frame
+        self._held = 0
         self._answer = None  # the future of this pause's question
 
     def hear(self, audio16: np.ndarray) -> None:
-        keep = WINDOW_S * RATE + self.fallback_frames * self.frame_samples
-        self._audio = np.concatenate([self._audio, audio16])[-keep:]
+        self._audio.append(audio16)
+        self._held += len(audio16)
+        while self._held - len(self._audio[0]) >= self._keep:
+            self._held -= len(self._audio.popleft())
 
     def speech(self) -> None:
         self._answer = None  # a question still running is answered into nothing
@@ -171,7 +176,8 @@ class FramePauseJudge:
             return True
         if quiet >= self.ask_frames and self._answer is None:
             cut = max(0, quiet * self.frame_samples - self.tail)
-            self._answer = self.executor.submit(self.model, self._audio[: len(self._audio) - cut].copy())
+            audio = np.concatenate(self._audio)
+            self._answer = self.executor.submit(self.model, audio[: len(audio) - cut])
         answer = self._answer
         if answer is None or not answer.done():
             return False
