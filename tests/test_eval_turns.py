@@ -67,3 +67,20 @@ def test_the_partial_curve_bins_attempts_by_how_early_they_were_asked(tmp_path):
     assert "| after the end (< 0 s) | 1 | 100 |" in table and "| 0-0.5 s | 0 | - |" in table
     assert curve_plot(found, tmp_path / "curve.png").stat().st_size > 1000
     assert curve_plot([], tmp_path / "none.png") is None
+
+
+def test_an_interjection_starts_once_the_assistant_talks_after_the_question():
+    import numpy as np
+
+    from kame.eval.robustness import Interjection
+
+    said = np.full(3000, 0.5, np.float32)
+    frame, quiet, voice = np.zeros(1920, np.float32), np.zeros(1920, np.float32), np.full(1920, 0.1, np.float32)
+    seen = []
+    inject = Interjection(said, after_s=0.16, inner=lambda mic, played: seen.append(played is voice) or mic)
+    out = [inject(frame, voice), inject(frame, voice)]  # talking during the question: not yet
+    out += [inject(frame, quiet)] + [inject(frame, voice) for _ in range(6)]
+    assert inject.started_at == round(7 * 1920 / 24000, 3)  # the 4th talking frame after the question
+    heard = np.concatenate(out)
+    assert not heard[:6 * 1920].any() and heard[6 * 1920:].sum() == said.sum()  # all of it, once, from there
+    assert len(seen) == 9  # every frame went on to the inner processor (an echo canceller)

@@ -70,6 +70,7 @@ class Rendered:
     pcm: np.ndarray  # the user's input, 24 kHz float32
     speech_end_s: float  # where the question's last word ends (the true end of the user's turn)
     reference: str  # what the user means to ask (the WER's reference)
+    interjection: np.ndarray | None = None  # said over the assistant once it speaks (`Interjection`)
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,15 @@ def _babble(speak: Speak, length: int, seed: int) -> np.ndarray:
     return join(parts)[offset:offset + length]
 
 
+def interjecting(text: str) -> Callable[[Question, Voices, int], Rendered]:
+    """The clean question; then, once the assistant has been talking for a moment, the user says `text`
+    over it ("Mm-hmm.": a backchannel; "Wait, what about Rome?": a barge-in)."""
+    def render(question: Question, voices: Voices, seed: int = 0) -> Rendered:
+        asked = clean(question, voices, seed)
+        return Rendered(asked.pcm, asked.speech_end_s, asked.reference, trim(voices.user(text)))
+    return render
+
+
 def telephone_band(pcm: np.ndarray) -> np.ndarray:
     """`pcm` through a phone line: 8 kHz, G.711 mu-law both ways, back to 24 kHz; time-aligned, same length."""
     padded = np.concatenate([np.asarray(pcm, np.float32), np.zeros(TELEPHONE_DELAY + 3, np.float32)])
@@ -239,6 +249,10 @@ CONDITIONS: dict[str, Condition] = {c.name: c for c in (
     Condition("telephone", "8 kHz G.711 mu-law round trip, back to 24 kHz", telephone),
     Condition("echo", "the assistant's own output back into the mic (delay, attenuation: see the flags)", clean,
               echo=True),
+    Condition("backchannel", "the clean question, then 'Mm-hmm.' over the assistant once it talks",
+              interjecting("Mm-hmm.")),
+    Condition("barge_in", "the clean question, then 'Wait, what about Rome?' over the assistant once it talks",
+              interjecting("Wait, what about Rome?")),
 )}
 
 

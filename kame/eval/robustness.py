@@ -91,6 +91,33 @@ class Playback:
             self._queue = np.concatenate([self._queue, self.speak(" ".join(phrase.split()))])
 
 
+class Interjection:
+    """A `process_input` that adds the user's `pcm` (a backchannel, a barge-in) to the mic once the
+    question is over and the speaker has played the assistant for `TALKING_FRAMES` frames in a row,
+    then hands the frame to `inner` (an echo canceller) if any. `started_at`: the audio time it began."""
+
+    TALKING_FRAMES = 4  # 0.32 s of the assistant's voice
+    LOUD = 1e-3  # RMS of a played frame that holds speech
+
+    def __init__(self, pcm: np.ndarray, after_s: float, inner: ProcessInput | None = None) -> None:
+        self.pcm, self.after, self.inner = pcm, round(after_s * SAMPLE_RATE), inner
+        self.sample, self.talking, self.said = 0, 0, 0
+        self.started_at: float | None = None
+
+    def __call__(self, mic: np.ndarray, played: np.ndarray) -> np.ndarray:
+        self.sample += len(mic)
+        loud = float(np.sqrt(np.mean(np.square(played, dtype=np.float64)))) >= self.LOUD if len(played) else False
+        self.talking = self.talking + 1 if loud and self.sample > self.after else 0
+        if self.started_at is None and self.talking >= self.TALKING_FRAMES:
+            self.started_at = round(self.sample / SAMPLE_RATE, 3)
+        if self.started_at is not None and self.said < len(self.pcm):
+            piece = self.pcm[self.said:self.said + len(mic)]
+            mic = mic.copy()
+            mic[:len(piece)] += piece
+            self.said += len(piece)
+        return self.inner(mic, played) if self.inner is not None else mic
+
+
 # ----------------------------------------------------------------------------- one session
 
 
@@ -225,8 +252,13 @@ async def evaluate(source: Source, settings: RobustnessSettings) -> list[dict]:
         rendered = condition.render(question, speakers, settings.seed)
         echo = EchoPath(settings.echo_delay_s, settings.echo_gain_db) if condition.echo else None
         processor = settings.input_processor() if settings.input_processor else None  # on in every condition
-        events = await source(rendered.pcm, echo, processor)
-        results.append(record(voice_.name, condition.name, question, rendered.speech_end_s, events, settings.grace_s))
+        interjection = (Interjection(rendered.interjection, rendered.speech_end_s, processor)
+                        if rendered.interjection is not None else None)
+        events = await source(rendered.pcm, echo, interjection or processor)
+        item = record(voice_.name, condition.name, question, rendered.speech_end_s, events, settings.grace_s)
+        if interjection is not None:
+            item["interjected_at_s"] = interjection.started_at  # None: the assistant never talked
+        results.append(item)
         _save(results_path, json.dumps(results, indent=1))
     chosen = _product({v.name for v in settings.voices}, {c.name for c in settings.conditions},
                       {q.id for q in settings.questions})

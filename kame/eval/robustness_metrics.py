@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
 from kame.eval.conditions import BOUNDARY, Question, words
+from kame.eval.turn_metrics import turn_metrics
 from kame.session_events import AssistantText, LLMAttempt, OracleApplied, OracleLead, SessionEvent, Transcript
 
 TimedEvent = tuple[float, SessionEvent]  # (audio seconds pushed when the event came out, the event)
@@ -207,7 +208,7 @@ def core_metrics(events: Sequence[TimedEvent], question: Question, speech_end_s:
 
 # more per-item measures (backchannels, barge-ins: issue #27's later parts) append here; their fields
 # land in each item of results.json, and a matching entry of COLUMNS shows them
-ITEM_METRICS: list[ItemMetric] = []
+ITEM_METRICS: list[ItemMetric] = [lambda events, question, speech_end_s: turn_metrics(events, speech_end_s)]
 
 
 def item_metrics(events: Sequence[TimedEvent], question: Question, speech_end_s: float,
@@ -258,7 +259,16 @@ COLUMNS: list[Column] = [
     Column("oracle lead s (median)", lambda rows: _median([r["oracle_lead_s"] for r in rows])),
     Column("self-answer %", _self),
     Column("ASR lag at the end s (median)", lambda rows: _median([r["asr_lag_s"] for r in rows])),
+    Column("backchannels let pass / q", lambda rows: _mean(rows, "backchannels")),
+    Column("turns after the question / q", lambda rows: _mean(rows, "turns_after")),
+    Column("barge-ins / q", lambda rows: _mean(rows, "barge_ins")),
+    Column("answer changed mid-speech / q", lambda rows: _mean(rows, "contradictions")),
 ]
+
+
+def _mean(rows: list[dict], key: str) -> str:
+    known = [r[key] for r in rows if key in r]
+    return f"{statistics.mean(known):.2f}" if known else "-"
 
 
 def table(results: list[dict], conditions: Sequence[str], by: str = "condition") -> str:
