@@ -4,13 +4,13 @@ Shared by tests/test_aec.py and scripts/aec_check.py."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from kame.audio import FRAME_SIZE, SAMPLE_RATE
+from kame.eval.robustness_metrics import wer_counts
 
 USER_TEXT = "What is the tallest mountain in Europe, and how high is it?"
 ASSISTANT_TEXT = ("The capital of France is Paris. It has been the capital for more than a thousand years, "
@@ -83,16 +83,8 @@ def erle_db(mic: np.ndarray, cleaned: np.ndarray, where: slice) -> float:
     return 10 * np.log10(max(before, 1e-20) / max(after, 1e-20))
 
 
-def words(text: str) -> list[str]:
-    return re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
-
-
 def word_error_rate(reference: str, hypothesis: str) -> float:
-    """(substitutions + deletions + insertions) / reference words, on lower-case words without punctuation."""
-    ref, hyp = words(reference), words(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        previous, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (r != h))
-    return row[len(hyp)] / max(len(ref), 1)
+    """(substitutions + deletions + insertions) / reference words, on lower-case words without
+    punctuation: the robustness evaluation's WER, with an empty reference counted as one word."""
+    edits, total = wer_counts(reference, hypothesis)
+    return edits / max(total, 1)
