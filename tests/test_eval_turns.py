@@ -84,3 +84,37 @@ def test_an_interjection_starts_once_the_assistant_talks_after_the_question():
     heard = np.concatenate(out)
     assert not heard[:6 * 1920].any() and heard[6 * 1920:].sum() == said.sum()  # all of it, once, from there
     assert len(seen) == 9  # every frame went on to the inner processor (an echo canceller)
+
+
+def test_the_judge_scores_what_the_assistant_said():
+    """--judge-base-url: each answer goes to a real OpenAI-compatible judge (here a scripted server on
+    loopback) with the question, as spoken MT-Bench asks it; its rating lands in the item."""
+    import asyncio
+
+    from kame.eval.harness import JudgeSettings
+    from kame.eval.robustness import Judge
+    from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
+
+    asked = []
+
+    def reply(body):
+        asked.append(body["messages"][-1]["content"])
+        return ScriptedReply(text="Right and brief. Rating: [[8]]")
+
+    server = ScriptedOpenAIServer(reply)
+    server.start_in_thread()
+    events = [*QUESTION, said(3.0, 33, " Madrid"), said(3.1, 34, " is"), said(3.2, 35, " the capital.")]
+
+    async def go():
+        judge = Judge(JudgeSettings(server.base_url, "judge", None, 1), heard="text")
+        try:
+            return await judge.score("What is the capital of Spain?", events)
+        finally:
+            await judge.aclose()
+
+    try:
+        got = asyncio.run(go())
+    finally:
+        server.stop_thread()
+    assert got["score"] == 8 and got["answer_said"] == "Madrid is the capital."
+    assert "What is the capital of Spain?" in asked[0] and "Madrid is the capital." in asked[0]

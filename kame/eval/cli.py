@@ -136,6 +136,15 @@ def _register_robustness(evals: argparse._SubParsersAction) -> None:
     rb.add_argument("--scripted-llm-first-token", type=float, default=0.0, metavar="S",
                     help="its first-token delay in seconds (default 0)")
     add_llm_arg(rb, "LLM profile (built-in, or 'custom' with --llm-model; default embedded)")
+    judging = rb.add_argument_group("judge", "with --judge-base-url: each answer scored as spoken MT-Bench scores "
+                                             "it (meaningful with a trained front-end and a real LLM)")
+    judging.add_argument("--judge-base-url", default=None, help="OpenAI-compatible endpoint of the judge")
+    judging.add_argument("--judge-model", default="gpt-4.1")
+    judging.add_argument("--judge-api-key-env", default="OPENAI_API_KEY")
+    judging.add_argument("--judge-retries", type=int, default=2, help="re-asks for an unparseable judgement")
+    judging.add_argument("--judge-hears", default="auto", choices=["auto", "audio", "text"],
+                         help="what is judged: the assistant's audio through Whisper, or its text stream "
+                              "(auto: text for an untrained preset, whose audio is noise)")
     add_in_process_args(rb)  # --in-process is implied: the loop is closed frame by frame in this process
     rb.set_defaults(func=run_robustness)
 
@@ -224,4 +233,21 @@ def _robustness_in_process(args, conditions, voices, questions, processor):
     async def source(pcm, echo, process_input):
         return await converse_closed_loop(runtime, pcm, config, args.tail, echo, process_input, speak)
 
-    return run_in_process(runtime, lambda: evaluate(source, settings)), settings
+    async def main():
+        judge = None
+        if args.judge_base_url:
+            from kame.eval.harness import JudgeSettings
+            from kame.eval.robustness import Judge
+
+            hears = args.judge_hears
+            if hears == "auto":
+                hears = "text" if runtime.frontend.source in PRESET_NAMES else "audio"
+            judge = Judge(JudgeSettings(args.judge_base_url, args.judge_model, args.judge_api_key_env or None,
+                                        args.judge_retries), hears)
+        try:
+            return await evaluate(source, dataclasses.replace(settings, judge=judge))
+        finally:
+            if judge is not None:
+                await judge.aclose()
+
+    return run_in_process(runtime, main), settings

@@ -233,6 +233,7 @@ class RobustnessSettings:
     seed: int = 0
     assistant_voice: Voice | None = None  # says the front-end's text in the echo; None: its own audio
     input_processor: Callable[[], ProcessInput] | None = None  # one per session (an echo canceller)
+    judge: Judge | None = None  # scores each answer as spoken MT-Bench does (a real LLM judge)
     report_settings: dict = field(default_factory=dict)  # shown in the report (the command's flags)
 
 
@@ -256,6 +257,8 @@ async def evaluate(source: Source, settings: RobustnessSettings) -> list[dict]:
                         if rendered.interjection is not None else None)
         events = await source(rendered.pcm, echo, interjection or processor)
         item = record(voice_.name, condition.name, question, rendered.speech_end_s, events, settings.grace_s)
+        if settings.judge is not None:
+            item |= await settings.judge.score(question.plain, events)
         if interjection is not None:
             item["interjected_at_s"] = interjection.started_at  # None: the assistant never talked
         results.append(item)
@@ -265,6 +268,45 @@ async def evaluate(source: Source, settings: RobustnessSettings) -> list[dict]:
     results = [r for r in results if (r["voice"], r["condition"], r["question_id"]) in chosen]
     _save(settings.out / "report.md", report(results, settings))
     return results  # this run's items (results.json keeps those of earlier runs with other choices too)
+
+
+class Judge:
+    """Spoken MT-Bench's judge on each answer (`kame.eval.harness.judge`): what the assistant said
+    after the question, heard by Whisper from its audio (`heard="audio"`: a trained front-end's
+    voice), or its text stream (`heard="text"`: an untrained preset, whose audio is noise)."""
+
+    def __init__(self, settings, heard: str = "audio", asr_model: str = "tiny.en") -> None:
+        from kame.eval.harness import _judge_llm
+
+        self.settings, self.heard = settings, heard
+        self.llm = _judge_llm(settings)
+        self.asr = None
+        if heard == "audio":
+            from kame.asr import build_asr
+
+            self.asr = build_asr("whisper", asr_model, realtime=False)
+
+    async def said(self, events: Sequence[TimedEvent]) -> str:
+        if self.asr is None:
+            return "".join(e.text for _, e in events if isinstance(e, AssistantText)).strip()
+        from kame.asr.events import FinalTranscript
+        from kame.asr.transcribe import transcribe_pcm
+
+        audio = [e.pcm for _, e in events if isinstance(e, AssistantAudio)]
+        pcm = np.concatenate(audio) if audio else np.zeros(FRAME_SIZE, np.float32)
+        return " ".join(e.text for e in await transcribe_pcm(self.asr, pcm) if isinstance(e, FinalTranscript))
+
+    async def score(self, question: str, events: Sequence[TimedEvent]) -> dict:
+        from kame.eval.harness import judge
+
+        said = await self.said(events)
+        score, judgements = await judge(self.llm, question, said, self.settings.retries)
+        return {"answer_said": said, "score": score, "judgements": judgements}
+
+    async def aclose(self) -> None:
+        await self.llm.aclose()
+        if self.asr is not None:
+            self.asr.close()
 
 
 def _product(voices: set, conditions: set, questions: set) -> set:
@@ -294,6 +336,14 @@ def report(results: list[dict], settings: RobustnessSettings) -> str:
              "", table(results, names), "", "## Per voice", ""]
     for voice_ in settings.voices:
         lines += [f"### {voice_.name}", "", table([r for r in results if r["voice"] == voice_.name], names), ""]
+    from kame.eval.partial_curve import curve_plot, curve_table, points
+
+    asked = points(results, settings.questions)
+    plot = curve_plot(asked, settings.out / "partial_curve.png") if asked else None
+    lines += ["## Answers from partial transcripts", "",
+              "Every LLM attempt, by how long before the user's true end its words were heard, and whether its "
+              "answer was right (docs/evaluation.md):", "", curve_table(asked), ""]
+    lines += [f"![answers right against how early they were asked]({plot.name})", ""] if plot else []
     lines += ["## Conditions", ""] + [f"- `{c.name}`: {c.describe}" for c in settings.conditions]
     lines += ["", "## Settings", "", "```json", json.dumps(settings.report_settings, indent=2, default=str), "```", ""]
     return "\n".join(lines)

@@ -263,6 +263,7 @@ COLUMNS: list[Column] = [
     Column("turns after the question / q", lambda rows: _mean(rows, "turns_after")),
     Column("barge-ins / q", lambda rows: _mean(rows, "barge_ins")),
     Column("answer changed mid-speech / q", lambda rows: _mean(rows, "contradictions")),
+    Column("judge score", lambda rows: _mean([r for r in rows if r.get("score") is not None], "score")),
 ]
 
 
