@@ -77,7 +77,8 @@ def test_an_interjection_starts_once_the_assistant_talks_after_the_question():
     said = np.full(3000, 0.5, np.float32)
     frame, quiet, voice = np.zeros(1920, np.float32), np.zeros(1920, np.float32), np.full(1920, 0.1, np.float32)
     seen = []
-    inject = Interjection(said, after_s=0.16, inner=lambda mic, played: seen.append(played is voice) or mic)
+    inject = Interjection(said, after_s=0.16 - Interjection.AFTER_END_S,
+                          inner=lambda mic, played: seen.append(played is voice) or mic)
     out = [inject(frame, voice), inject(frame, voice)]  # talking during the question: not yet
     out += [inject(frame, quiet)] + [inject(frame, voice) for _ in range(6)]
     assert inject.started_at == round(7 * 1920 / 24000, 3)  # the 4th talking frame after the question

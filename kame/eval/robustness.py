@@ -93,14 +93,15 @@ class Playback:
 
 class Interjection:
     """A `process_input` that adds the user's `pcm` (a backchannel, a barge-in) to the mic once the
-    question is over and the speaker has played the assistant for `TALKING_FRAMES` frames in a row,
+    question is `AFTER_END_S` over and the speaker has played the assistant for `TALKING_FRAMES` frames in a row,
     then hands the frame to `inner` (an echo canceller) if any. `started_at`: the audio time it began."""
 
     TALKING_FRAMES = 4  # 0.32 s of the assistant's voice
     LOUD = 1e-3  # RMS of a played frame that holds speech
+    AFTER_END_S = 1.2  # and no sooner after the question: its utterance has ended (else they would be one)
 
     def __init__(self, pcm: np.ndarray, after_s: float, inner: ProcessInput | None = None) -> None:
-        self.pcm, self.after, self.inner = pcm, round(after_s * SAMPLE_RATE), inner
+        self.pcm, self.after, self.inner = pcm, round((after_s + self.AFTER_END_S) * SAMPLE_RATE), inner
         self.sample, self.talking, self.said = 0, 0, 0
         self.started_at: float | None = None
 
