@@ -119,3 +119,9 @@ def test_the_judge_scores_what_the_assistant_said():
         server.stop_thread()
     assert got["score"] == 8 and got["answer_said"] == "Madrid is the capital."
     assert "What is the capital of Spain?" in asked[0] and "Madrid is the capital." in asked[0]
+
+
+def test_word_pieces_are_joined_into_words_before_they_are_compared():
+    events = [reset(1.0, 1, "Let me think."), said(1.1, 10, " Let"), said(1.2, 11, " me"), said(1.3, 12, " th"),
+              said(1.4, 13, "ink"), reset(1.5, 2, "Madrid."), said(1.6, 14, " Mad"), said(1.7, 15, "rid.")]
+    assert contradictions(events) == (["let me think || madrid"], 1)

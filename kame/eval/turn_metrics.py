@@ -44,29 +44,30 @@ def contradictions(events: Sequence[TimedEvent], context: int = 6) -> tuple[list
     """Oracle resets that reached the front-end while it was saying an earlier oracle's words, and the
     ones among them whose words contradict what it had said since that earlier reset (neither's first
     words are the other's). Returns what the listener heard at each contradiction (the last `context`
-    words said, ' || ', the first words after) and the count of resets while speaking."""
+    words said, ' || ', the first words after) and the count of resets while speaking. The text stream
+    comes in word pieces (a piece without a leading space continues the word before it)."""
     heard: list[str] = []
     resets = 0
-    said: list[str] = []  # words said since the oracle in place was reset
-    after: list[str] | None = None  # collecting what is said after a contradicting reset
+    said = ""  # the text said since the oracle in place was reset
+    after: str | None = None  # the text said after a contradicting reset, until `context` words
     for _, event in events:
         if isinstance(event, AssistantText):
-            new = words(event.text)
-            said += new
+            said += event.text
             if after is not None:
-                after += new
-                if len(after) >= context:
-                    heard[-1] += " " + " ".join(after[:context])
+                after += event.text
+                if len(words(after)) > context:  # the last word is complete once another one began
+                    heard[-1] += " " + " ".join(words(after)[:context])
                     after = None
         elif isinstance(event, OracleApplied) and event.accepted and event.op == "reset":
-            if said:
+            before = words(said)
+            if before:
                 resets += 1
                 oracle = words(event.text)
-                overlap = min(len(said), len(oracle), 3)
-                if overlap and said[:overlap] != oracle[:overlap]:
-                    heard.append(" ".join(said[-context:]) + " ||")
-                    after = []
-            said = []
+                overlap = min(len(before), len(oracle), 3)
+                if overlap and before[:overlap] != oracle[:overlap]:
+                    heard.append(" ".join(before[-context:]) + " ||")
+                    after = ""
+            said = ""
     if after is not None and heard:
-        heard[-1] += " " + " ".join(after)
+        heard[-1] += " " + " ".join(words(after)[:context])
     return heard, resets
