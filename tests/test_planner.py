@@ -532,8 +532,9 @@ def test_the_prompt_keeps_max_history_turns(tok):
 
 
 def test_a_backchannel_while_the_assistant_speaks_is_no_turn(tok):
-    """"Mm-hmm." while the front-end says its answer: no attempt, no user turn, the oracle kept; the
-    same word once the assistant has been quiet for the window, or after it asked something, is a turn."""
+    """"Mm-hmm." while the front-end says its answer: no attempt, no user turn, the oracle kept, even
+    when its final comes late; a word begun once the assistant has been quiet for the window, or after
+    it asked something, is a turn."""
     async def scenario():
         rig = Rig(tok, [FakeReply.of_words("Paris is the capital.", delay_s=0.1)] * 4)
         rig.final("what is the capital of France")
@@ -550,15 +551,18 @@ def test_a_backchannel_while_the_assistant_speaks_is_no_turn(tok):
         starts = len(rig.of("started"))
         conversation = rig.planner.conversation
         await rig.advance_to(1.5 + PlannerConfig.backchannel_window_s + 0.1)  # the assistant fell quiet
-        quiet = rig.planner.is_backchannel(FinalTranscript("Okay.", 3.0, 3.6))
+        late = rig.planner.is_backchannel(FinalTranscript("Mm-hmm.", 3.0, 6.0))  # the same one's late final
+        quiet = rig.planner.is_backchannel(FinalTranscript("Okay.", 6.5, 7.0))  # a new one, begun in the quiet
         rig.planner.on_assistant_text(" the capital. Anything else?")
         asked = rig.planner.is_backchannel(FinalTranscript("Yeah.", 5.0, 5.4))
         off = Rig(tok, config=PlannerConfig(backchannel_window_s=0))
         off.planner.on_assistant_text(" Paris is")
         await rig.planner.aclose()
-        return rig, resets, starts, conversation, quiet, asked, off.planner.is_backchannel(FinalTranscript("Mm.", 0, 1))
+        return (rig, resets, starts, conversation, late, quiet, asked,
+                off.planner.is_backchannel(FinalTranscript("Mm.", 0, 1)))
 
-    rig, resets, starts, conversation, quiet, asked, off = run(scenario())
+    rig, resets, starts, conversation, late, quiet, asked, off = run(scenario())
     assert resets == 1 and starts == 1  # nothing happened on the backchannels (only asked, never passed on)
     assert conversation == ["user: what is the capital of France", "assistant: Paris is"]
+    assert late  # judged when it began: an end-of-turn model may hold a lone "mm-hm" open for seconds
     assert not quiet and not asked and not off

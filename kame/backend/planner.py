@@ -234,6 +234,8 @@ class Planner:
         self._oracle = _Oracle()
         self._turn = 0  # user turns begun
         self._assistant_at: float | None = None  # when the front-end last said a word
+        self._utterance_start: float | None = None  # the ASR utterance seen last (its start, audio time) ...
+        self._began_over_assistant = False  # ... and whether the assistant was talking at its first transcript
         self._deferred: asyncio.Task | None = None
         self._deferred_messages: list[ChatMessage] | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -243,12 +245,16 @@ class Planner:
 
     def is_backchannel(self, event: TranscriptEvent) -> bool:
         """`event` is the user's "mm-hm", "right", "yeah" while the assistant speaks (its last words
-        `backchannel_window_s` ago at most, and no user turn open): the listener's feedback, not a
-        turn. Not after the assistant asked something ("yeah" then answers it). A transport that
-        gets True passes the event to neither `on_transcript` nor its own turn-taking."""
+        `backchannel_window_s` ago at most when the utterance's first transcript came, however late its
+        final comes: an end-of-turn model waits on a lone "mm-hm"; no user turn open): the listener's
+        feedback, not a turn. Not after the assistant asked something ("yeah" then answers it). A
+        transport that gets True passes the event to neither `on_transcript` nor its own turn-taking."""
         window = self.config.backchannel_window_s
-        return (window > 0 and self._conv.user_closed and self._assistant_at is not None
-                and self.clock.now() - self._assistant_at <= window
+        if event.start_s != self._utterance_start:  # an utterance's first transcript: was the assistant talking?
+            self._utterance_start = event.start_s
+            spoke = self._assistant_at
+            self._began_over_assistant = spoke is not None and self.clock.now() - spoke <= window
+        return (window > 0 and self._conv.user_closed and self._began_over_assistant
                 and not self._conv.assistant_said.rstrip().endswith("?") and is_backchannel(event.text))
 
     def on_transcript(self, event: TranscriptEvent) -> None:
