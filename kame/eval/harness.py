@@ -128,10 +128,14 @@ async def evaluate(source: ConversationSource, settings: EvalSettings) -> Path:
     return settings.out
 
 
+async def heard_said(asr, pcm: np.ndarray) -> str:
+    """What the assistant said in `pcm`, as Whisper hears it: its finals, joined."""
+    return " ".join(e.text for e in await transcribe_pcm(asr, pcm) if isinstance(e, FinalTranscript))
+
+
 async def _grade(conversation: SpokenConversation, mode: Mode, question: dict, asr, judge_llm: LLMClient,
                  retries: int) -> dict:
-    heard = await transcribe_pcm(asr, conversation.assistant_audio)
-    said = " ".join(e.text for e in heard if isinstance(e, FinalTranscript))
+    said = await heard_said(asr, conversation.assistant_audio)
     score, judgements = await judge(judge_llm, question["question"], said, retries)
     return {
         "mode": mode.name, "delay_s": mode.oracle_delay_s, **question,

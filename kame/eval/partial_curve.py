@@ -37,11 +37,15 @@ def _label(low: float | None, high: float | None) -> str:
     return f">= {low:g} s" if high is None else f"{low:g}-{high:g} s"
 
 
+def _binned(found: Sequence[tuple[float, bool]]) -> list[tuple[float | None, float | None, list[bool]]]:
+    """Each of `BINS` with the rightness of the attempts whose lead falls in it."""
+    return [(low, high, [right for lead, right in found
+                         if (low is None or lead >= low) and (high is None or lead < high)]) for low, high in BINS]
+
+
 def curve_table(found: Sequence[tuple[float, bool]]) -> str:
     lines = ["| asked before the user's end | attempts | answer right % |", "|---|---:|---:|"]
-    for low, high in BINS:
-        inside = [right for lead, right in found
-                  if (low is None or lead >= low) and (high is None or lead < high)]
+    for low, high, inside in _binned(found):
         share = f"{100 * sum(inside) / len(inside):.0f}" if inside else "-"
         lines.append(f"| {_label(low, high)} | {len(inside)} | {share} |")
     return "\n".join(lines)
@@ -57,8 +61,7 @@ def curve_plot(found: Sequence[tuple[float, bool]], path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     xs, ys, ns = [], [], []
-    for low, high in BINS:
-        inside = [right for lead, right in found if (low is None or lead >= low) and (high is None or lead < high)]
+    for low, high, inside in _binned(found):
         if inside:
             xs.append(high - 0.25 if low is None else low + 0.25 if high is None else (low + high) / 2)
             ys.append(100 * sum(inside) / len(inside))

@@ -290,12 +290,10 @@ class Judge:
     async def said(self, events: Sequence[TimedEvent]) -> str:
         if self.asr is None:
             return "".join(e.text for _, e in events if isinstance(e, AssistantText)).strip()
-        from kame.asr.events import FinalTranscript
-        from kame.asr.transcribe import transcribe_pcm
+        from kame.eval.harness import heard_said
 
         audio = [e.pcm for _, e in events if isinstance(e, AssistantAudio)]
-        pcm = np.concatenate(audio) if audio else np.zeros(FRAME_SIZE, np.float32)
-        return " ".join(e.text for e in await transcribe_pcm(self.asr, pcm) if isinstance(e, FinalTranscript))
+        return await heard_said(self.asr, np.concatenate(audio) if audio else np.zeros(FRAME_SIZE, np.float32))
 
     async def score(self, question: str, events: Sequence[TimedEvent]) -> dict:
         from kame.eval.harness import judge
