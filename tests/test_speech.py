@@ -20,3 +20,16 @@ def test_a_text_sounds_the_same_whatever_came_before(tmp_path):
     again = read_audio(synthesize_wav(text, tmp_path / "c.wav"), 22050)
     assert len(first) > 22050 and np.abs(first).max() > 0.05  # speech, not silence
     assert np.array_equal(first, again)
+
+
+def test_a_text_sounds_the_same_in_every_process(tmp_path):
+    """piper's noise is seeded: unseeded, onnxruntime drew a seed per process and a fresh cache (CI's)
+    heard another question each run."""
+    import subprocess
+    import sys
+
+    text = "Tell me a fun fact about the ocean."
+    speak = "import sys; from kame.testing.speech import synthesize_wav; synthesize_wav(sys.argv[1], sys.argv[2])"
+    for name in ("a.wav", "b.wav"):
+        subprocess.run([sys.executable, "-c", speak, text, str(tmp_path / name)], check=True, timeout=120)
+    assert (tmp_path / "a.wav").read_bytes() == (tmp_path / "b.wav").read_bytes()

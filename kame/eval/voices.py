@@ -9,6 +9,7 @@ flite (BSD-style licence, `apt-get install flite`) runs as a subprocess; piper (
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -84,7 +85,12 @@ def background_for(user: Voice) -> Voice:
 
 
 def cached_path(voice_: Voice, text: str, folder: Path) -> Path:
-    key = hashlib.sha256(f"{voice_.name}\n{text}".encode()).hexdigest()[:16]
+    name = voice_.name
+    if voice_.engine == "piper":  # its noise's seed too (the module, which imports piper only when it speaks)
+        from kame.testing.speech import CACHE_TAG
+
+        name += f"\n{CACHE_TAG}"
+    key = hashlib.sha256(f"{name}\n{text}".encode()).hexdigest()[:16]
     return folder / f"{key}.wav"
 
 
@@ -93,7 +99,7 @@ def speak(voice_: Voice, text: str, folder: Path) -> np.ndarray:
     folder.mkdir(parents=True, exist_ok=True)
     path = cached_path(voice_, text, folder)
     if not path.exists():
-        tmp = path.with_suffix(".tmp.wav")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp.wav")  # another process may speak the same text at once
         if voice_.engine == "flite":
             _flite(voice_.name.split(":")[1], text, tmp)
         else:
