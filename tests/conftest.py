@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
+
+# One torch thread per test process, and for the processes the tests start: the tiny models here train
+# and step as fast on one thread as on two (test_training's run: 59 s on one, 65 s on two with twice the
+# CPU), and on a shared machine two OpenMP threads spin waiting for a core (docs/benchmarks.md: 10x
+# slower). Set before torch is imported.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 import pytest
@@ -19,6 +26,16 @@ def tiny() -> Frontend:
 @pytest.fixture(scope="session")
 def tiny_copy() -> Frontend:
     return load_frontend("tiny-copy", "cpu")
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Back to one torch thread before each test: faster-whisper's loading (ctranslate2) sets the
+    loading thread's OpenMP count to its own `cpu_threads`."""
+    import torch
+
+    if torch.get_num_threads() != 1 and os.environ.get("OMP_NUM_THREADS") == "1":
+        torch.set_num_threads(1)
 
 
 @pytest.fixture
