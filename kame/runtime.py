@@ -21,7 +21,7 @@ from kame.backend.breaker import CircuitBreakerLLM
 from kame.backend.llm import LLMClient
 from kame.backend.planner import PlannerConfig
 from kame.backend.profiles import DEFAULT_PROFILES, BackendProfile
-from kame.errors import FrontendLoadError
+from kame.errors import FrontendLoadError, SessionError
 from kame.frontend.engine import BatchedEngine, NullEngine
 from kame.frontend.loader import Frontend, check_quantize, load_frontend, resolve_device
 from kame.frontend.runner import BATCH_WINDOW_S, JITTER_FRAMES, MAX_PENDING_FRAMES, EngineRunner
@@ -157,6 +157,12 @@ class Runtime:
     @property
     def default_profile(self) -> str:
         return self.settings.default_profile
+
+    def profile_named(self, name: str) -> str:
+        """`name`, once it is known to be a backend profile here (a session asked for it)."""
+        if name not in self.profiles:
+            raise SessionError(f"unknown backend profile {name!r}; known: {', '.join(self.profiles)}")
+        return name
 
     @property
     def planner(self) -> PlannerConfig:

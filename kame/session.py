@@ -32,14 +32,7 @@ from kame.latency import LatencyTracker
 from kame.queues import post
 from kame.runtime import Runtime
 from kame.session_config import SessionConfig
-from kame.session_events import (
-    AsrFailed,
-    AssistantText,
-    BackendChanged,
-    SessionEvent,
-    SessionFailed,
-    Transcript,
-)
+from kame.session_events import AsrFailed, AssistantText, BackendChanged, SessionEvent, SessionFailed, Transcript
 from kame.session_outlet import EventOutlet
 from kame.tools.base import Tool
 from kame.tools.toolbox import ToolBox
@@ -55,7 +48,7 @@ class TandemSession:
         self.runtime, self.config = runtime, config
         self.clock = clock or MonotonicClock()  # timers, latency and the oracle lead read it
         self.id = session_id or uuid.uuid4().hex[:12]
-        self.backend = self._profile(config.backend or runtime.default_profile)
+        self.backend = runtime.profile_named(config.backend or runtime.default_profile)
         try:  # the front-end's sampling for this session: the checkpoint's, with what it asked for
             self.sampling = runtime.engine.sampler.default.updated(config.sampling)
         except ValueError as exc:
@@ -225,7 +218,7 @@ class TandemSession:
 
     def configure(self, backend: str | None = None, system_prompt: str | None = None) -> BackendChanged:
         """Switch the LLM backend profile and/or the system prompt; the front-end is untouched."""
-        if backend is not None and self._profile(backend) != self.backend:
+        if backend is not None and self.runtime.profile_named(backend) != self.backend:
             self.backend = backend
             self.planner.set_llm(self.runtime.llm(backend))
         if system_prompt is not None:
@@ -233,11 +226,6 @@ class TandemSession:
         event = BackendChanged(self.backend, self.runtime.profiles[self.backend].model, self.planner.system_prompt)
         self._emit(event)
         return event
-
-    def _profile(self, name: str) -> str:
-        if name not in self.runtime.profiles:
-            raise SessionError(f"unknown backend profile {name!r}; known: {', '.join(self.runtime.profiles)}")
-        return name
 
     # ---------------------------------------------------------------- outputs
 
