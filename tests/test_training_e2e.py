@@ -3,8 +3,10 @@ that `kame infer` and `kame serve` run: the whole recipe on a CPU (slow: about 3
 2-core machine, 7 when it is shared).
 
 120 dialogues, not 25: on 25 (2 held out) the tiny model learns its 23 training dialogues by heart
-and reads no oracle (measured: 0.0 points); on 120 (12 held out) the gain is +13.3 points (+13.3
-and +14.1 with seeds 1 and 2; 1500 steps, the old default, gave +8.0 to +11.8)."""
+and reads no oracle (measured: 0.0 points); on 120 (12 held out) the gain was +13.3 points (+13.3
+and +14.1 with seeds 1 and 2; 1500 steps, the old default, gave +8.0 to +11.8) on the audio piper
+spoke before its noise was seeded; on the seeded audio it is +10.0 (13 of 130 held-out tokens, on one
+torch thread and on two): the bar exactly, now the same every run."""
 
 from __future__ import annotations
 
@@ -77,7 +79,8 @@ def test_defaults_finish_in_time_and_the_loss_falls(run):
 def test_eval_shows_the_oracle_gain(run):
     result = json.loads((run[0] / "eval.json").read_text())
     accuracy = result["text_accuracy"]
-    assert accuracy["own_oracle"] - accuracy["other_oracle"] >= 0.10, accuracy
+    # rounded: 13 more of 130 tokens right is 10 points, which floats make 0.0999...
+    assert round(accuracy["own_oracle"] - accuracy["other_oracle"], 9) >= 0.10, accuracy
 
 
 def test_kame_infer_runs_on_the_checkpoint(run, tmp_path):
