@@ -17,8 +17,8 @@ from kame.errors import KameError
 
 # piper draws its noise inside its ONNX graph, from a generator that onnxruntime seeds when the session
 # is made: unseeded, from a seed of its own per process, so the same text sounded different in each
-# process (4 runs of "the ocean." gave 4 lengths, 16896-18432 samples) and a test on a fresh cache was a
-# coin toss. Seeded, a text is the same bytes in every process; the seed is part of the cache key.
+# process (six processes spoke "the ocean." in five lengths, 16896-18432 samples) and a test on a fresh
+# cache was a coin toss. Seeded, a text is the same bytes in every process; the seed is part of the cache key.
 SEED = 0
 CACHE_TAG = f"piper-seed-{SEED}"
 
@@ -57,7 +57,7 @@ def speech(text: str, cache_dir: str | Path, sample_rate: int = SAMPLE_RATE) -> 
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
     path = cached_path(text, cache_dir)
     if not path.exists():
-        tmp = path.with_suffix(f".{os.getpid()}.tmp.wav")  # two test workers may speak the same text at once
+        tmp = path.with_suffix(f".{os.getpid()}.tmp.wav")  # another process may speak the same text at once
         synthesize_wav(text, tmp)
         tmp.rename(path)
     return read_audio(path, sample_rate)
