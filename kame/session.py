@@ -78,8 +78,8 @@ class TandemSession:
         session = cls(runtime, config, observers, session_id, clock)
         if runtime.runner.free_slots <= 0:
             raise SlotsBusy(f"all {runtime.engine.batch_size} session slots are busy; try again later")
-        session.handle = await runtime.runner.acquire_async(session._on_output_threadsafe,
-                                                            session._on_error_threadsafe, live=config.realtime,
+        on_output = session._on_output_threadsafe  # a frame's output, or the engine's error on the slot
+        session.handle = await runtime.runner.acquire_async(on_output, on_output, live=config.realtime,
                                                             sampling=session.sampling)
         try:
             session._start()
@@ -251,8 +251,6 @@ class TandemSession:
         if self._closed:
             return  # a frame that was in the engine when the session ended
         post(self._loop, self._outputs.put_nowait, output)
-
-    _on_error_threadsafe = _on_output_threadsafe
 
     async def _engine_events(self) -> None:
         while True:

@@ -17,6 +17,8 @@ import pytest
 from kame.frontend.loader import Frontend, load_frontend
 from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
 
+from . import workers
+
 
 @pytest.fixture(scope="session")
 def tiny() -> Frontend:
@@ -110,10 +112,51 @@ def voices(tmp_path_factory):
     return {key: speech(question, cache) for key, (question, _) in QUESTIONS.items()}
 
 
+# ------------------------------------------------------------------ several workers (tests/workers.py)
+
+
+def pytest_configure(config):
+    workers.configure(config)
+
+
+def pytest_unconfigure(config):
+    workers.unconfigure(config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    workers.configure_node(node)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    return workers.make_scheduler(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    return workers.auto_workers()
+
+
+@pytest.fixture
+def alone(request):
+    """`with alone(): ...`: the part of a test that must run at real-time pace, with no other worker's
+    test running beside it (tests/workers.py); a `realtime` test has the machine throughout."""
+    return lambda: workers.alone(request.node)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    with workers.running(item):  # outside pytest-timeout's timer: waiting for the lock is not the test's time
+        return (yield)
+
+
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests run where CUDA is (scripts/gpu_bench.sh runs them); elsewhere they are skipped."""
+    """`gpu` tests run where CUDA is (scripts/gpu_bench.sh runs them); elsewhere they are skipped. On
+    xdist workers, the files are put in the order tests/workers.py hands them out."""
     import torch
 
+    workers.order(config, items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -39,6 +39,7 @@ def question_pcm(tmp_path_factory) -> np.ndarray:
     return np.concatenate([np.zeros(12000, np.float32), pcm, np.zeros(24000, np.float32)])
 
 
+@pytest.mark.realtime
 def test_real_time_partials_arrive_before_the_question_ends(whisper, question_pcm):
     speech_end_s = (len(question_pcm) - 24000) / 24000
 

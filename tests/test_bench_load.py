@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from client.live_client import TrackFrames, client_frames
 from client.loadgen import FRAME, _MoshiFrames
@@ -32,6 +33,7 @@ def test_moshi_frames_back_are_matched_past_the_drops_the_server_counts():
     assert [frame for frame, _ in timed] == [0, 1, 2, 7] and frames.unmatched == 2
 
 
+@pytest.mark.realtime
 def test_bench_load_reports_every_level(tmp_path, capsys):
     out = tmp_path / "load.json"
     with running_server(asr="none", max_sessions=2, frontend="tiny") as (url, _):
@@ -52,6 +54,7 @@ def test_bench_load_reports_every_level(tmp_path, capsys):
     assert "| sessions |" in capsys.readouterr().out
 
 
+@pytest.mark.realtime
 def test_bench_load_drives_both_transports_side_by_side(tmp_path, capsys):
     """/api/chat and /v1/realtime, each level on both: every frame's round trip, matched by frame."""
     out = tmp_path / "load.json"
@@ -71,6 +74,7 @@ def test_bench_load_drives_both_transports_side_by_side(tmp_path, capsys):
     assert "| realtime | 2 |" in capsys.readouterr().out
 
 
+@pytest.mark.realtime
 def test_the_null_frontend_echoes_speech_and_the_loop_lag_is_reported(tmp_path):
     """`--frontend null` (host-side benchmarks): each frame back is the frame sent at half the level,
     and a level reports the event loop's lag from the server's own probe."""

@@ -27,6 +27,7 @@ def ask_france(tandem_server, voices, tmp_path, capsys, *flags: str) -> tuple[li
     return [json.loads(line) for line in capsys.readouterr().out.splitlines()], out
 
 
+@pytest.mark.realtime
 def test_client_streams_a_file_and_records_the_answer(tandem_server, voices, tmp_path, capsys):
     lines, out = ask_france(tandem_server, voices, tmp_path, capsys, "--tail", "3")
     summary = lines[-1]
@@ -46,6 +47,7 @@ def test_client_streams_a_file_and_records_the_answer(tandem_server, voices, tmp
     assert rate == 24000 and abs(audio.shape[1] / 24000 + dropped * 0.08 - expected_s) < 0.25
 
 
+@pytest.mark.realtime
 def test_client_fast_mode_runs_faster_than_real_time(tandem_server, voices, tmp_path, capsys):
     url, _ = tandem_server
     question = tmp_path / "q.wav"

@@ -102,6 +102,7 @@ def test_bench_frontend_reports_each_batch(capsys, tmp_path):
     assert "| batch |" in capsys.readouterr().out
 
 
+@pytest.mark.realtime
 @pytest.mark.slow
 def test_infer_with_an_llm_runs_the_whole_tandem_in_process(scripted_llm, tmp_path, capsys):
     """A recorded question through a real TandemSession: Whisper, the planner, the LLM, no server."""

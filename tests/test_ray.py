@@ -177,6 +177,7 @@ def test_healthz_is_ready_once_every_replica_is_warm(cluster):
     assert sorted(replicas.count(r) for r in set(replicas)) == [2, 2]
 
 
+@pytest.mark.realtime
 def test_sessions_spread_over_replicas_and_a_fifth_is_refused_at_once(cluster):
     settings, url, base, _ = cluster
 
@@ -267,6 +268,7 @@ def test_a_replica_that_dies_closes_its_sessions_and_is_replaced(cluster):
     assert again.replica != doomed.replica and again.accounted >= 5
 
 
+@pytest.mark.realtime
 def test_a_replica_scaled_away_keeps_its_session_until_it_ends(cluster):
     settings, url, base, _ = cluster
 

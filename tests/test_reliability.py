@@ -94,6 +94,7 @@ def test_bad_messages_get_errors_and_harm_no_one(caplog):
     assert "Exception in ASGI" not in caplog.text
 
 
+@pytest.mark.realtime
 def test_audio_faster_than_real_time_is_bounded(tiny_copy):
     with running_server(asr="none", max_sessions=2, max_pending_frames=10) as (url, services):
         async def scenario():

@@ -64,6 +64,7 @@ async def talk(url: str, pcm: np.ndarray, until: str | None = None, max_after_s:
     return got, speech_end, sent
 
 
+@pytest.mark.realtime
 def test_spoken_question_end_to_end(tandem_server, scripted_llm, voices):
     url, services = tandem_server
     llm = scripted_llm

@@ -26,6 +26,7 @@ def _scripted_profile(server: ScriptedOpenAIServer) -> dict:
     return {"scripted": ProfileSettings(base_url=server.base_url, model="m", api_key_env=None)}
 
 
+@pytest.mark.realtime
 @pytest.mark.slow
 def test_the_oracle_reaches_the_front_end_while_the_user_is_still_talking():
     """A 9.5 s question, an LLM 1.2 s from its first word, a partial every 0.5 s: with overlapping
@@ -81,6 +82,7 @@ def test_the_oracle_reaches_the_front_end_while_the_user_is_still_talking():
     assert lead._sum.get() == pytest.approx(sum(e.lead_s for e in leads), abs=0.01)
 
 
+@pytest.mark.realtime
 @pytest.mark.slow
 def test_eight_out_of_phase_sessions_share_one_step_per_frame():
     # the tick clock, as a GPU server runs it (a CPU's default is eager: docs/benchmarks.md)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import urllib.request
 
+import pytest
+
 from kame.testing.openai_server import ScriptedOpenAIServer, faulty_script
 from server.settings import ProfileSettings
 
@@ -22,6 +24,7 @@ from .server_harness import (
 SECONDS = 20
 
 
+@pytest.mark.realtime
 def test_short_soak(voices):
     llm = ScriptedOpenAIServer(faulty_script(0))
     llm.start_in_thread()

@@ -1,0 +1,186 @@
+"""The suite on several pytest-xdist workers (README's `python -m pytest -n auto`) without weakening the
+tests that promise real time.
+
+A test marked `realtime` asserts what holds only at real-time pace: a frame out for each frame in, few
+frames dropped, an answer in place before the user stops, a wall-clock bound. Beside a second busy
+worker those fail (docs/benchmarks.md, "The test suite on two workers"), so:
+
+- each worker runs a test inside a lock shared by all workers: shared for ordinary tests, exclusive for
+  `realtime` ones, behind a turnstile so that a waiting `realtime` test waits only for the tests the
+  other workers are running, and they start nothing new until it is done;
+- a test whose real-time part is short beside its set-up (a server that loads models first) takes the
+  machine for that part only, `with alone():` (a fixture);
+- work is handed out a file at a time (a module's fixtures are set up once), the slowest files first,
+  then the rest in collection order, and the files that hold `realtime` tests last, so that the
+  exclusive stretches come together at the end of the run instead of idling a worker in the middle.
+
+Run serially (no `-n`), none of this does anything.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+# The slowest files of the serial suite, slowest first (docs/benchmarks.md): each goes to a worker as
+# soon as it asks for work, so that none of them is the long tail of the run. A file missing here only
+# runs later; a stale entry costs nothing.
+SLOWEST_FIRST = (
+    "tests/test_training_e2e.py",
+    "tests/test_training.py",
+    "tests/test_recipe.py",
+    "tests/test_eval.py",
+    "tests/test_eval_robustness.py",
+    "tests/test_first_run.py",
+    "tests/test_tools_e2e.py",
+    "tests/test_embedded_llm.py",
+    "tests/test_training_data.py",
+    "tests/test_hub_layouts.py",
+    "tests/test_aec.py",
+)
+
+_TURNSTILE = pytest.StashKey["Turnstile"]()
+_FOLDER = pytest.StashKey[Path]()
+
+
+class Turnstile:
+    """A readers-writer lock between processes, writers first: two `flock`ed files in one folder."""
+
+    def __init__(self, folder: Path) -> None:
+        self._gate = open(folder / "gate", "a+b")  # noqa: SIM115 (held for the worker's life)
+        self._room = open(folder / "room", "a+b")  # noqa: SIM115
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        fcntl.flock(self._gate, fcntl.LOCK_EX)  # no one starts a test from here on ...
+        try:
+            fcntl.flock(self._room, fcntl.LOCK_EX)  # ... and those running finish
+            try:
+                yield
+            finally:
+                fcntl.flock(self._room, fcntl.LOCK_UN)
+        finally:
+            fcntl.flock(self._gate, fcntl.LOCK_UN)
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        fcntl.flock(self._gate, fcntl.LOCK_EX)  # wait behind a realtime test that waits
+        fcntl.flock(self._gate, fcntl.LOCK_UN)
+        fcntl.flock(self._room, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._room, fcntl.LOCK_UN)
+
+    @contextmanager
+    def alone_within_shared(self) -> Iterator[None]:
+        """Inside `shared`: the machine to this process for a while, then shared again. The shared
+        lock goes first, so two workers asking at once do not wait for each other forever."""
+        fcntl.flock(self._room, fcntl.LOCK_UN)
+        fcntl.flock(self._gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self._room, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._room, fcntl.LOCK_SH)  # shared again before the gate opens
+        finally:
+            fcntl.flock(self._gate, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        self._gate.close()
+        self._room.close()
+
+
+def configure(config: pytest.Config) -> None:
+    """Each worker opens the lock's folder, which the controller made (`configure_node`)."""
+    if hasattr(config, "workerinput") and config.workerinput.get("kame_turnstile"):
+        config.stash[_TURNSTILE] = Turnstile(Path(config.workerinput["kame_turnstile"]))
+
+
+def unconfigure(config: pytest.Config) -> None:
+    turnstile = config.stash.get(_TURNSTILE, None)
+    if turnstile is not None:
+        turnstile.close()
+    folder = config.stash.get(_FOLDER, None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def configure_node(node) -> None:
+    """On the controller, as each worker starts: the lock's folder, made for the first one."""
+    if _FOLDER not in node.config.stash:
+        node.config.stash[_FOLDER] = Path(tempfile.mkdtemp(prefix="kame-pytest-workers-"))
+    node.workerinput["kame_turnstile"] = str(node.config.stash[_FOLDER])
+
+
+def order(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a worker: the slowest files first, the files with `realtime` tests last (every worker sorts
+    its collection the same way, which xdist checks)."""
+    if not hasattr(config, "workerinput"):
+        return
+    first_seen: dict[str, int] = {}
+    realtime: set[str] = set()
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        first_seen.setdefault(path, len(first_seen))
+        if item.get_closest_marker("realtime"):
+            realtime.add(path)
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        path = item.nodeid.split("::", 1)[0]
+        if path in realtime:
+            return 2, first_seen[path]
+        if path in SLOWEST_FIRST:
+            return 0, SLOWEST_FIRST.index(path)
+        return 1, first_seen[path]
+
+    items.sort(key=rank)  # stable: a file's own tests keep their order
+
+
+@contextmanager
+def running(item: pytest.Item) -> Iterator[None]:
+    turnstile = item.config.stash.get(_TURNSTILE, None)
+    if turnstile is None:
+        yield
+    elif item.get_closest_marker("realtime"):
+        with turnstile.alone():
+            yield
+    else:
+        with turnstile.shared():
+            yield
+
+
+@contextmanager
+def alone(item: pytest.Item) -> Iterator[None]:
+    """The real-time part of a test that is not `realtime` as a whole (its set-up is long and needs no
+    quiet machine): `with alone(): ...` through the fixture of that name."""
+    turnstile = item.config.stash.get(_TURNSTILE, None)
+    if turnstile is None or item.get_closest_marker("realtime"):
+        yield
+    else:
+        with turnstile.alone_within_shared():
+            yield
+
+
+def make_scheduler(config: pytest.Config, log):
+    """A file at a time, in the order the workers sorted (xdist's own `loadfile` would re-sort the
+    files by their number of tests)."""
+    if config.getoption("dist") != "load":
+        return None  # an explicit --dist is the caller's choice
+    from xdist.scheduler import LoadFileScheduling
+
+    config.option.loadscopereorder = False
+    return LoadFileScheduling(config, log)
+
+
+def auto_workers() -> int:
+    """`-n auto`: a worker per core, at most 4 (each holds its own models and servers)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
