@@ -32,6 +32,7 @@ async def open_slot(runner: EngineRunner):
     return handle, queue
 
 
+@pytest.mark.realtime
 @pytest.mark.parametrize("clock", ["eager", "tick"])
 def test_two_async_sessions_are_stepped_together(tiny, rng, clock):
     frames_a, frames_b = noise_frames(rng, 8), noise_frames(rng, 8)
@@ -333,6 +334,7 @@ async def _realtime_sessions(runner: EngineRunner, count: int, spread_s: float, 
     return runner.stats.steps - steps, runner.stats.frames_stepped - stepped, received
 
 
+@pytest.mark.realtime
 @pytest.mark.slow
 def test_the_tick_clock_steps_out_of_phase_sessions_together(tiny):
     sessions, seconds, frame_s = 8, 3.0, 0.08
@@ -352,6 +354,7 @@ def test_the_tick_clock_steps_out_of_phase_sessions_together(tiny):
     assert eager_steps > 1.3 * steps  # arrival-driven: out-of-phase sessions get separate steps
 
 
+@pytest.mark.realtime
 def test_the_tick_clock_sleeps_while_idle_and_steps_at_once_when_work_arrives(tiny):
     engine = BatchedEngine(tiny, batch_size=2, gen=GREEDY)
     arrivals: list[float] = []
@@ -387,6 +390,7 @@ def test_the_tick_clock_sleeps_while_idle_and_steps_at_once_when_work_arrives(ti
     assert step_starts[-1] - pushed < 0.04  # the first frame after idle is stepped at once, not at the next tick
 
 
+@pytest.mark.realtime
 @pytest.mark.parametrize(("clock", "jitter"), [("tick", 3), ("eager", 3), ("eager", None)])
 def test_a_backlog_skips_to_live_and_is_caught_up_at_once(tiny, monkeypatch, clock, jitter):
     engine = BatchedEngine(tiny, batch_size=1, gen=GREEDY)
@@ -426,6 +430,7 @@ def test_a_backlog_skips_to_live_and_is_caught_up_at_once(tiny, monkeypatch, clo
     assert step_starts[-1] - late < 0.04  # the live frame is stepped at once
 
 
+@pytest.mark.realtime
 def test_an_overloaded_engine_skips_missed_ticks_instead_of_catching_up(tiny, monkeypatch, caplog):
     engine = BatchedEngine(tiny, batch_size=1, gen=GREEDY)
     original = engine.step

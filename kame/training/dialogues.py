@@ -7,7 +7,9 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -216,6 +218,24 @@ def prepare_workers(device: str, dialogues: int, workers: int | None = None) -> 
 
 _worker_whisper: WhisperWords | None = None  # a worker process's own model
 
+# glibc gives a freed block of over 32 MB back to the kernel at once, and Whisper on a CPU frees and
+# takes such buffers again for every window it reads: a page fault per 4 KB each time (8 dialogues on
+# one process: 1.2 M faults, 4 s of kernel time in 10 s). Workers started with these keep their memory
+# (1 GB blocks and under are not given back). glibc reads them when a process starts, so they go in the
+# environment the workers start with; a value the user set wins. scripts/bench_prepare.py measures it.
+WORKER_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 32)}
+
+
+@contextmanager
+def _worker_environment(values: dict[str, str]) -> Iterator[None]:
+    added = [name for name in values if name not in os.environ]
+    os.environ.update({name: values[name] for name in added})
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
 
 def _start_worker(asr_model: str | None, device: str) -> None:
     global _worker_whisper
@@ -253,8 +273,8 @@ def prepare(data_dir: Path, run_dir: Path, *, asr_model: str | None = None, devi
             progress.update()
     else:
         spawn = multiprocessing.get_context("spawn")  # no fork of a parent holding torch's threads
-        with ProcessPoolExecutor(count, mp_context=spawn, initializer=_start_worker,
-                                 initargs=(asr_model, device)) as pool:
+        with _worker_environment(WORKER_MALLOC), ProcessPoolExecutor(
+                count, mp_context=spawn, initializer=_start_worker, initargs=(asr_model, device)) as pool:
             futures = {pool.submit(_prepare_in_worker, wav): wav for wav in todo}
             for future in as_completed(futures):
                 out, inputs = todo[futures[future]]
