@@ -31,7 +31,7 @@ def _hold(folder: str, alone: bool | str, start_at: float, hold_s: float, out) -
     turnstile.close()
 
 
-def _run(folder: Path, plan: list[tuple[bool, float, float]]) -> list[tuple[bool, float, float]]:
+def _run(folder: Path, plan: list[tuple[bool | str, float, float]]) -> list[tuple[bool | str, float, float]]:
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
     zero = time.time() + 1.0  # every process is up by then
