@@ -42,10 +42,13 @@ def test_a_sideband_watches_and_steers_a_session(tandem_server, voices):
                     x["delta"] for x in primary.of("session.output_transcript.delta"))), 20, "the steered words")
                 await band.send({"type": "session.input_audio.append", "audio": "AAAA", "event_id": "nope"})
                 refused = await side.type("error")
+                # the primary stops speaking first: audio it sends into the closing session gets an
+                # error of its own ("The session is closing."; seen once on a loaded machine)
+                speaking.cancel()
+                await asyncio.gather(speaking, return_exceptions=True)
                 await band.send({"type": "session.close", "event_id": "bye"})
                 closed = await primary.type("session.closed", 10)
                 await side.type("session.closed", 10)
-                speaking.cancel()
                 side.close()
             primary.close()
             return started, replayed, refused, closed, primary, side
@@ -64,7 +67,9 @@ def test_a_sideband_watches_and_steers_a_session(tandem_server, voices):
     ack = next(e for e in side.of("session.commentary.appended") if e.get("client_event_id") == "steer")
     assert ack in primary.got  # the acknowledgement goes to both
     assert refused["error"]["client_event_id"] == "nope" and refused not in primary.got
-    assert not primary.of("error")
+    # no error reached the primary but, possibly, the closing session's refusal of audio of its own that
+    # was still on its way when the sideband's close came (the two connections are not ordered)
+    assert all(e["error"]["code"] == "session_closed" for e in primary.of("error")), primary.of("error")
     assert closed["reason"] == "close_requested" and closed["client_event_id"] == "bye"
 
 
