@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import time
 from pathlib import Path
@@ -16,18 +17,16 @@ def _hold(folder: str, alone: bool | str, start_at: float, hold_s: float, out) -
     ("inside"; the span reported is the part alone)."""
     turnstile = Turnstile(Path(folder))
     time.sleep(max(0.0, start_at - time.time()))
-    if alone == "inside":
-        with turnstile.shared():
+    with contextlib.ExitStack() as held:
+        if alone == "inside":
+            held.enter_context(turnstile.shared())
             time.sleep(0.2)
-            with turnstile.alone_within_shared():
-                began = time.time()
-                time.sleep(hold_s)
-                out.put((alone, began, time.time()))
-    else:
-        with turnstile.alone() if alone else turnstile.shared():
-            began = time.time()
-            time.sleep(hold_s)
-            out.put((alone, began, time.time()))
+            held.enter_context(turnstile.alone_within_shared())
+        else:
+            held.enter_context(turnstile.alone() if alone else turnstile.shared())
+        began = time.time()
+        time.sleep(hold_s)
+        out.put((alone, began, time.time()))
     turnstile.close()
 
 
@@ -45,7 +44,7 @@ def _run(folder: Path, plan: list[tuple[bool | str, float, float]]) -> list[tupl
     return [(alone, began - zero, ended - zero) for alone, began, ended in spans]
 
 
-def overlaps(a: tuple[bool, float, float], b: tuple[bool, float, float]) -> bool:
+def overlaps(a: tuple[bool | str, float, float], b: tuple[bool | str, float, float]) -> bool:
     return a[1] < b[2] and b[1] < a[2]
 
 

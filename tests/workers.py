@@ -58,14 +58,15 @@ class Turnstile:
         self._room = open(folder / "room", "a+b")  # noqa: SIM115
 
     @contextmanager
-    def alone(self) -> Iterator[None]:
+    def alone(self, then: int = fcntl.LOCK_UN) -> Iterator[None]:
+        """The machine to this process; `then`: what it keeps of the room before the gate opens."""
         fcntl.flock(self._gate, fcntl.LOCK_EX)  # no one starts a test from here on ...
         try:
             fcntl.flock(self._room, fcntl.LOCK_EX)  # ... and those running finish
             try:
                 yield
             finally:
-                fcntl.flock(self._room, fcntl.LOCK_UN)
+                fcntl.flock(self._room, then)
         finally:
             fcntl.flock(self._gate, fcntl.LOCK_UN)
 
@@ -81,18 +82,12 @@ class Turnstile:
 
     @contextmanager
     def alone_within_shared(self) -> Iterator[None]:
-        """Inside `shared`: the machine to this process for a while, then shared again. The shared
-        lock goes first, so two workers asking at once do not wait for each other forever."""
+        """Inside `shared`: the machine to this process for a while, then shared again (before the
+        gate opens). The shared lock goes first, so two workers asking at once do not wait for each
+        other forever."""
         fcntl.flock(self._room, fcntl.LOCK_UN)
-        fcntl.flock(self._gate, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(self._room, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(self._room, fcntl.LOCK_SH)  # shared again before the gate opens
-        finally:
-            fcntl.flock(self._gate, fcntl.LOCK_UN)
+        with self.alone(then=fcntl.LOCK_SH):
+            yield
 
     def close(self) -> None:
         self._gate.close()
