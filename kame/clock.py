@@ -40,14 +40,16 @@ class ManualClock:
         self._sleepers.append((self._now + seconds, future))
         await future
 
-    async def advance(self, seconds: float) -> None:
+    async def advance(self, seconds: float, rounds: int = 20) -> None:
+        """Move time on, wake the sleepers it passed, then let the loop run `rounds` rounds (0: the
+        woken run later, for a test that steps the loop itself)."""
         self._now += seconds
         due = [f for t, f in self._sleepers if t <= self._now]
         self._sleepers = [(t, f) for t, f in self._sleepers if t > self._now]
         for future in due:
             if not future.done():
                 future.set_result(None)
-        await settle()
+        await settle(rounds)
 
 
 async def settle(rounds: int = 20) -> None:

@@ -6,7 +6,6 @@ one appears. Used by the Realtime and GPT-Live adapters."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
@@ -47,13 +46,14 @@ class DeadlineTimer:
             self._on_time(self.clock.now())
 
     async def _sleep_or_rearm(self, delay: float | None) -> None:
-        rearm = asyncio.ensure_future(self._rearm.wait())
-        sleeper = asyncio.ensure_future(self.clock.sleep(delay)) if delay is not None else None
+        waits = [asyncio.ensure_future(self._rearm.wait())]
+        if delay is not None:
+            waits.append(asyncio.ensure_future(self.clock.sleep(delay)))
         try:
-            await asyncio.wait([t for t in (rearm, sleeper) if t is not None], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (rearm, sleeper):
-                if task is not None and not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+            left = [wait for wait in waits if not wait.done()]
+            for wait in left:
+                wait.cancel()
+            if left:  # `asyncio.wait` raises nothing of theirs: only this task's own cancellation goes on
+                await asyncio.wait(left)
