@@ -30,6 +30,7 @@ from server.services import Services
 logger = logging.getLogger(__name__)
 
 CLOSED = (RuntimeError, OSError, WebSocketDisconnect, ConnectionClosed)
+CLOSE_LIMIT_S = 5.0  # a connection still closing after this is left to finish alone: the slot goes back
 
 
 class Disconnected(Exception):
@@ -116,7 +117,7 @@ class SocketSession:
             await self._flush_then_close(*group.exceptions[0].args)
         except* Exception:  # a bug must end this session only, with a trace in the log
             logger.exception("session %s failed", self.id)
-            await self._close(1011, "internal error")
+            await self._hang_up(1011, "internal error")
         finally:
             self._group = None
             await tandem.aclose()
@@ -234,7 +235,17 @@ class SocketSession:
                         await self.ws.send_bytes(message)
                     else:
                         await self.ws.send_text(message)
-        await self._close(code, reason)
+        await self._hang_up(code, reason)
+
+    async def _hang_up(self, code: int, reason: str) -> None:
+        """`_close`, for at most CLOSE_LIMIT_S: the session's slot and its place among the server's
+        sessions go back after it, so a connection that never finishes closing must not hold them."""
+        try:
+            async with asyncio.timeout(CLOSE_LIMIT_S):
+                await self._close(code, reason)
+        except TimeoutError:
+            logger.warning("session %s: the connection did not close within %.0f s; the session ends anyway",
+                           self.id, CLOSE_LIMIT_S)
 
     async def _close(self, code: int, reason: str) -> None:
         with contextlib.suppress(*CLOSED):  # already closed

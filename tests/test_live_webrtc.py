@@ -292,3 +292,31 @@ def test_the_data_channel_permissions_limit_what_the_browser_sends_and_gets():
     assert not narrow.may_get({"type": "session.delegation.created"})
     none = ChannelPermissions(DataChannelConfig(allowed_client_events=[], allowed_server_events=[]))
     assert not none.may_send("session.close") and not none.may_get({"type": "session.closed"})
+
+
+def test_a_peer_connection_that_never_closes_holds_nothing(monkeypatch):
+    """aiortc's `close`, once cut short, makes every later call wait forever: the session closes its
+    peer connection once, in a task of its own, and waits for it at most CLOSE_LIMIT_S each time."""
+    from types import SimpleNamespace
+
+    from openai.types.live import SessionConfig
+
+    from server.live import webrtc
+    from server.settings import load_settings
+
+    monkeypatch.setattr(webrtc, "CLOSE_LIMIT_S", 0.05)
+    closes = []
+
+    async def never() -> None:
+        closes.append("close")
+        await asyncio.Event().wait()
+
+    async def go():
+        session = webrtc.WebRTCSession(SimpleNamespace(settings=load_settings(None)), SessionConfig(model="gpt-live-1"))
+        await session.pc.close()  # the real one, never used; in its place one that does not finish closing
+        session.pc = SimpleNamespace(close=never)
+        await asyncio.wait_for(session.close_peer(), 2)
+        await asyncio.wait_for(session.close_peer(), 2)  # the session's end closes it again: no wait forever
+
+    asyncio.run(go())
+    assert closes == ["close"]

@@ -35,7 +35,7 @@ from server.live.adapter import LiveCarrier, LiveSession, live_facts
 from server.live.client_events import LiveError, invalid, unknown_parameter
 from server.live.mapping import LiveMapping
 from server.services import Services
-from server.transport import Disconnected, Limit
+from server.transport import CLOSE_LIMIT_S, Disconnected, Limit
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +141,7 @@ class WebRTCSession(LiveSession):
         self._remote: MediaStreamTrack | None = None
         self.task: asyncio.Task | None = None  # `run`, started by the POST
         self.answer_sdp = ""
+        self._pc_closing: asyncio.Task | None = None
 
     async def answer(self, offer: str, tandem: TandemSession) -> str:
         """Start the session (LiveError) and answer the client's offer (LiveError for a bad one)."""
@@ -167,14 +168,28 @@ class WebRTCSession(LiveSession):
     async def abandon(self, tandem: TandemSession) -> None:
         """The POST failed after the slot was taken: give everything back."""
         await tandem.aclose()
-        await self.pc.close()
+        await self.close_peer()
         await self.discard_recording()
 
     async def run(self, tandem: TandemSession) -> None:
         try:
             await super().run(tandem)
         finally:
-            await self.pc.close()
+            await self.close_peer()
+
+    async def close_peer(self) -> None:
+        """Close the peer connection, once, waiting at most CLOSE_LIMIT_S. The close runs in a task of
+        its own and is never cut short: aiortc's `close`, once interrupted, makes every later call wait
+        forever (and this session's task with it, holding its place among the server's sessions)."""
+        if self._pc_closing is None:
+            self._pc_closing = asyncio.get_running_loop().create_task(self.pc.close(), name=f"pc-close-{self.id}")
+        try:
+            async with asyncio.timeout(CLOSE_LIMIT_S):
+                await asyncio.shield(self._pc_closing)
+        except TimeoutError:
+            logger.warning("session %s: the peer connection did not close within %.0f s", self.id, CLOSE_LIMIT_S)
+        except Exception:  # closing is the last thing done: log it, end anyway
+            logger.exception("session %s: closing the peer connection failed", self.id)
 
     # ---------------------------------------------------------------- the peer connection's events
 
@@ -267,11 +282,11 @@ class WebRTCSession(LiveSession):
                 async with asyncio.timeout(limit_s):
                     await sent.wait()
                     await asyncio.sleep(SENT_GRACE_S)
-        await self._close(code, reason)
+        await self._hang_up(code, reason)
 
     async def _close(self, code: int, reason: str) -> None:
         logger.info("session %s: closing the peer connection (%d %s)", self.id, code, reason)
-        await self.pc.close()
+        await self.close_peer()
 
 
 # -------------------------------------------------------------------- the POST's body
@@ -397,10 +412,10 @@ async def _start(request: Request, services: Services) -> WebRTCSession:
     try:
         tandem = await session.open()
     except SessionError as exc:
-        await session.pc.close()
+        await session.close_peer()
         raise LiveError("invalid_request", str(exc)) from exc
     except BaseException:
-        await session.pc.close()
+        await session.close_peer()
         raise
     try:
         session.answer_sdp = await session.answer(offer, tandem)
