@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import socket
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,13 +24,54 @@ from server.services import Services
 from server.settings import load_settings
 
 
+class _TestServer(DrainingServer):
+    """The server as `kame serve` runs it, keeping its event loop for `server_stacks`."""
+
+    loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets=None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+
+_LOOPS: dict[int, asyncio.AbstractEventLoop] = {}  # id(services) -> the loop of the server serving them
+
+
+def server_stacks(services, frames: int = 6) -> str:
+    """Where the server's tasks and threads are now: what a failed wait names, so that a session that
+    never ends on CI says where it is stuck."""
+    lines = []
+    loop = _LOOPS.get(id(services))
+
+    async def tasks() -> str:
+        out = []
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                text = io.StringIO()
+                task.print_stack(limit=frames, file=text)
+                out.append(f"task {task.get_name()}: {text.getvalue().strip()}")
+        return "\n".join(sorted(out))
+
+    if loop is not None and not loop.is_closed():
+        try:
+            lines.append(asyncio.run_coroutine_threadsafe(tasks(), loop).result(5))
+        except Exception as exc:  # a diagnostic: say why there is none
+            lines.append(f"(the server's loop did not answer within 5 s: {exc!r})")
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        if ident != threading.get_ident():
+            stack = "".join(traceback.format_stack(frame, limit=frames))
+            lines.append(f"thread {names.get(ident, ident)}:\n{stack.rstrip()}")
+    return "\n".join(lines)
+
+
 @contextmanager
 def running_server(**settings_kw):
     defaults = {"frontend": "tiny-copy", "device": "cpu", "port": 0, "llm": "local"}
     settings = load_settings(None, **(defaults | settings_kw))
     services = Services.start(settings)
     app = create_app(settings, services)
-    server = DrainingServer(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+    server = _TestServer(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
                                            ws="websockets", lifespan="on", ws_per_message_deflate=False))
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()
@@ -35,12 +79,14 @@ def running_server(**settings_kw):
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
+    _LOOPS[id(services)] = server.loop
     try:
         yield f"ws://127.0.0.1:{port}", services
     finally:
         server.should_exit = True
         thread.join(15)
         services.runtime.close()
+        _LOOPS.pop(id(services), None)
 
 
 class Recording:
@@ -108,7 +154,10 @@ def wait_until_all_slots_free(services, limit_s: float = 10.0) -> None:
     """Sessions of earlier tests on a shared server give their slots back once their planner and
     ASR stream are closed: wait for that before a test that counts slots."""
     runner, slots = services.runtime.runner, services.runtime.engine.batch_size
-    asyncio.run(wait_until(lambda: runner.free_slots == slots, f"all {slots} engine slots to be free", limit_s))
+    try:
+        asyncio.run(wait_until(lambda: runner.free_slots == slots, f"all {slots} engine slots to be free", limit_s))
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the server now:\n{server_stacks(services)}") from None
 
 
 # a frame's round trip (sent by the client -> its audio back) that a working server stays under on a
