@@ -72,7 +72,7 @@ def running_server(**settings_kw):
     services = Services.start(settings)
     app = create_app(settings, services)
     server = _TestServer(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                           ws="websockets", lifespan="on", ws_per_message_deflate=False))
+                                        ws="websockets", lifespan="on", ws_per_message_deflate=False))
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
