@@ -35,6 +35,10 @@ def offline(monkeypatch, tmp_path):
         monkeypatch.delenv(var, raising=False)
     for var in [v for v in os.environ if v.startswith("KAME_")]:
         monkeypatch.delenv(var)
+    yield
+    from huggingface_hub.utils import reset_sessions
+
+    reset_sessions()  # the HTTP sessions made meanwhile stay offline for good (per thread, cached)
 
 
 def doctor(capsys, *flags: str) -> tuple[int, list[tuple[str, str, str]]]:

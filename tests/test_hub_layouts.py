@@ -89,7 +89,10 @@ def offline_cache(layouts, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(layouts["cache"]))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return layouts["cache"]
+    yield layouts["cache"]
+    from huggingface_hub.utils import reset_sessions
+
+    reset_sessions()  # the HTTP sessions made meanwhile stay offline for good (per thread, cached)
 
 
 def run_engine(frontend, frames) -> tuple[list, np.ndarray]:

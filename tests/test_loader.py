@@ -119,12 +119,23 @@ def test_offline_hub_gives_a_clear_error(tmp_path):
         load_frontend("SakanaAI/kame", "cpu", hf_cache_dir=tmp_path / "empty", local_files_only=True)
 
 
-def test_unreachable_hub_gives_a_clear_error(tmp_path):
+def test_unreachable_hub_gives_a_clear_error(tmp_path, monkeypatch):
+    """huggingface_hub's own retries run (5, then the error); their waits (1+2+4+8+8 s) are skipped."""
+    import types
+
+    from huggingface_hub.utils import _http
+
+    # huggingface_hub keeps an HTTP session per thread, made offline for good if offline mode was on
+    # when it was made (another test's, here): a fresh one, so that this test asks the port
+    _http.reset_sessions()
+    waits: list[float] = []
+    monkeypatch.setattr(_http, "time", types.SimpleNamespace(sleep=waits.append))
     port = free_port()  # a loopback port with nobody listening
     with pytest.raises(FrontendLoadError, match="unreachable") as info:
         load_frontend("SakanaAI/kame", "cpu", hf_cache_dir=tmp_path / "empty", local_files_only=False,
                       hf_endpoint=f"http://127.0.0.1:{port}")
     assert "config.json" in str(info.value) and "tiny-copy" in str(info.value)
+    assert len(waits) == 5  # the hub was asked again and again before the error
 
 
 def test_cuda_request_without_gpu_is_clear():
