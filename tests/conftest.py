@@ -10,23 +10,35 @@ import re
 # CPU), and on a shared machine two OpenMP threads spin waiting for a core (docs/benchmarks.md: 10x
 # slower). Set before torch is imported.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Test processes keep freed memory, as `kame train`'s prepare workers do (kame/training/dialogues.py,
+# WORKER_MALLOC): Whisper and torch free and take blocks of over 32 MB again and again, and glibc's
+# default gives each back to the kernel and faults it in again, page by page. glibc reads these when a
+# process starts: here, on the controller, before pytest-xdist starts the workers (a serial run's own
+# process keeps glibc's default; the servers and CLIs the tests start inherit them either way).
+os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 30))
+os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 32))
 
 import numpy as np
 import pytest
 
-from kame.frontend.loader import Frontend, load_frontend
 from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
 
 from . import workers
 
 
 @pytest.fixture(scope="session")
-def tiny() -> Frontend:
+def tiny():
+    """(torch is imported in the fixtures, not at the top: tests/test_workers.py wires this file's hooks
+    into a small pytest run of its own, which needs no torch)"""
+    from kame.frontend.loader import load_frontend
+
     return load_frontend("tiny", "cpu")
 
 
 @pytest.fixture(scope="session")
-def tiny_copy() -> Frontend:
+def tiny_copy():
+    from kame.frontend.loader import load_frontend
+
     return load_frontend("tiny-copy", "cpu")
 
 
@@ -141,13 +153,19 @@ def pytest_xdist_auto_num_workers(config):
 @pytest.fixture
 def alone(request):
     """`with alone(): ...`: the part of a test that must run at real-time pace, with no other worker's
-    test running beside it (tests/workers.py); a `realtime` test has the machine throughout."""
+    test running beside it (tests/workers.py); a `realtime` test has it for its whole call."""
     return lambda: workers.alone(request.node)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     with workers.running(item):  # outside pytest-timeout's timer: waiting for the lock is not the test's time
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_call(item):
+    with workers.calling(item):  # a `realtime` test's call alone (its wait counts against its timeout)
         return (yield)
 
 

@@ -5,14 +5,16 @@ A test marked `realtime` asserts what holds only at real-time pace: a frame out 
 frames dropped, an answer in place before the user stops, a wall-clock bound. Beside a second busy
 worker those fail (docs/benchmarks.md, "The test suite on two workers"), so:
 
-- each worker runs a test inside a lock shared by all workers: shared for ordinary tests, exclusive for
-  `realtime` ones, behind a turnstile so that a waiting `realtime` test waits only for the tests the
-  other workers are running, and they start nothing new until it is done;
-- a test whose real-time part is short beside its set-up (a server that loads models first) takes the
-  machine for that part only, `with alone():` (a fixture);
-- work is handed out a file at a time (a module's fixtures are set up once), the slowest files first,
-  then the rest in collection order, and the files that hold `realtime` tests last, so that the
-  exclusive stretches come together at the end of the run instead of idling a worker in the middle.
+- each worker runs a test inside a lock shared by all workers: shared for ordinary tests and for a
+  `realtime` test's set-up and tear-down, exclusive for a `realtime` test's own run (its call), behind
+  a turnstile so that a waiting `realtime` test waits only for the tests the other workers are
+  running, and they start nothing new until it is done;
+- a test whose real-time part is short beside the rest of it (a server that loads models first)
+  takes the machine for that part only, `with alone():` (a fixture);
+- work is handed out a file at a time (a module's fixtures are set up once), but a file's `realtime`
+  tests are a unit of their own: the slowest files first, then the rest in collection order, then the
+  `realtime` units, so that the exclusive stretches come together at the end of the run, where
+  nothing long runs beside them to wait for (a file split so sets its module fixtures up twice).
 
 Run serially (no `-n`), none of this does anything.
 """
@@ -31,7 +33,8 @@ import pytest
 
 # The slowest files of the serial suite, slowest first (docs/benchmarks.md): each goes to a worker as
 # soon as it asks for work, so that none of them is the long tail of the run. A file missing here only
-# runs later; a stale entry costs nothing.
+# runs later; a stale entry costs nothing. (Not test_ray.py: a Ray instance's own processes slow the
+# other worker down, least beside the lighter files of the middle of the run.)
 SLOWEST_FIRST = (
     "tests/test_training_e2e.py",
     "tests/test_training.py",
@@ -46,7 +49,12 @@ SLOWEST_FIRST = (
     "tests/test_aec.py",
 )
 
+# The `realtime` units that go first among them: a long set-up (test_ray's cluster, started again for
+# them) then runs beside the other worker's last ordinary tests, not before a `realtime` test's call.
+LONG_SETUP_FIRST = ("tests/test_ray.py",)
+
 _TURNSTILE = pytest.StashKey["Turnstile"]()
+_REALTIME_IDS = "realtime-tests"  # in the lock's folder: the ids of the `realtime` tests, a line each
 _FOLDER = pytest.StashKey[Path]()
 
 
@@ -117,22 +125,22 @@ def configure_node(node) -> None:
 
 
 def order(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On a worker: the slowest files first, the files with `realtime` tests last (every worker sorts
-    its collection the same way, which xdist checks)."""
+    """On a worker: the slowest files first, the `realtime` tests last (every worker sorts its
+    collection the same way, which xdist checks); the `realtime` tests' ids are left in the lock's
+    folder for the controller's scheduler (`make_scheduler`)."""
     if not hasattr(config, "workerinput"):
         return
     first_seen: dict[str, int] = {}
-    realtime: set[str] = set()
     for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        first_seen.setdefault(path, len(first_seen))
-        if item.get_closest_marker("realtime"):
-            realtime.add(path)
+        first_seen.setdefault(item.nodeid.split("::", 1)[0], len(first_seen))
+    realtime = {item.nodeid for item in items if item.get_closest_marker("realtime")}
+    if config.workerinput.get("kame_turnstile"):
+        _write_realtime(Path(config.workerinput["kame_turnstile"]), realtime)
 
     def rank(item: pytest.Item) -> tuple[int, int]:
         path = item.nodeid.split("::", 1)[0]
-        if path in realtime:
-            return 2, first_seen[path]
+        if item.nodeid in realtime:
+            return (2, LONG_SETUP_FIRST.index(path)) if path in LONG_SETUP_FIRST else (3, first_seen[path])
         if path in SLOWEST_FIRST:
             return 0, SLOWEST_FIRST.index(path)
         return 1, first_seen[path]
@@ -140,23 +148,45 @@ def order(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=rank)  # stable: a file's own tests keep their order
 
 
+def _write_realtime(folder: Path, realtime: set[str]) -> None:
+    """Every worker writes the same ids; each replaces the file whole, so a reader sees one of them."""
+    partial = folder / f"{_REALTIME_IDS}.{os.getpid()}"
+    partial.write_text("".join(f"{nodeid}\n" for nodeid in sorted(realtime)))
+    os.replace(partial, folder / _REALTIME_IDS)
+
+
+def scope(nodeid: str, realtime: set[str] | frozenset[str]) -> str:
+    """The unit of work a test is handed out in: its file, or its file's `realtime` tests."""
+    path = nodeid.split("::", 1)[0]
+    return f"{path}::realtime" if nodeid in realtime else path
+
+
 @contextmanager
 def running(item: pytest.Item) -> Iterator[None]:
+    """Around a whole test (set-up, call, tear-down): the machine shared."""
     turnstile = item.config.stash.get(_TURNSTILE, None)
     if turnstile is None:
         yield
-    elif item.get_closest_marker("realtime"):
-        with turnstile.alone():
-            yield
     else:
         with turnstile.shared():
             yield
 
 
 @contextmanager
+def calling(item: pytest.Item) -> Iterator[None]:
+    """Around a test's call, inside `running`: a `realtime` test's call has the machine to itself."""
+    turnstile = item.config.stash.get(_TURNSTILE, None)
+    if turnstile is None or not item.get_closest_marker("realtime"):
+        yield
+    else:
+        with turnstile.alone_within_shared():
+            yield
+
+
+@contextmanager
 def alone(item: pytest.Item) -> Iterator[None]:
-    """The real-time part of a test that is not `realtime` as a whole (its set-up is long and needs no
-    quiet machine): `with alone(): ...` through the fixture of that name."""
+    """The real-time part of a test that is not `realtime` as a whole (the rest of it is long and
+    needs no quiet machine): `with alone(): ...` through the fixture of that name."""
     turnstile = item.config.stash.get(_TURNSTILE, None)
     if turnstile is None or item.get_closest_marker("realtime"):
         yield
@@ -166,14 +196,23 @@ def alone(item: pytest.Item) -> Iterator[None]:
 
 
 def make_scheduler(config: pytest.Config, log):
-    """A file at a time, in the order the workers sorted (xdist's own `loadfile` would re-sort the
-    files by their number of tests)."""
+    """A file at a time, its `realtime` tests apart (`scope`), in the order the workers sorted (xdist's
+    own `loadfile` would re-sort the files by their number of tests)."""
     if config.getoption("dist") != "load":
         return None  # an explicit --dist is the caller's choice
     from xdist.scheduler import LoadFileScheduling
 
+    class Scheduling(LoadFileScheduling):
+        realtime: frozenset[str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.realtime is None:  # first asked once every worker has sent its collection
+                written = config.stash[_FOLDER] / _REALTIME_IDS
+                self.realtime = frozenset(written.read_text().split()) if written.exists() else frozenset()
+            return scope(nodeid, self.realtime)
+
     config.option.loadscopereorder = False
-    return LoadFileScheduling(config, log)
+    return Scheduling(config, log)
 
 
 def auto_workers() -> int:
