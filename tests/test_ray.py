@@ -30,15 +30,10 @@ pytestmark = pytest.mark.slow
 FRAMES = 25
 
 
-@pytest.fixture(scope="module")
-def cluster():
+def start_cluster() -> tuple:
+    """A local Ray instance with Serve, one replica then two: (settings, url, base, what the scale-up
+    showed)."""
     port = free_port()
-    # autoscaling figures reach Serve's controller every 10 s by default: every 0.5 s here (the local
-    # instance's processes inherit this environment), so the autoscaling test takes seconds
-    monkeypatch = pytest.MonkeyPatch()
-    for name in ("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S",
-                 "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S"):
-        monkeypatch.setenv(name, "0.5")
     settings = load_settings(None, frontend="tiny-copy", device="cpu", asr="none", llm="local", max_sessions=2,
                              port=port, engine_threads=1)
     url, base = f"ws://127.0.0.1:{port}/api/chat", f"http://127.0.0.1:{port}"
@@ -47,9 +42,45 @@ def cluster():
     ray_serve.start(settings, ray_serve.RayOptions(replicas=1, local_cpus=4, num_cpus=0.5), cuda=False)
     scale_up = run_closing(lambda: scale_up_watched(settings, url, base))
     print(f"local Ray + 2 replicas up in {time.monotonic() - started:.1f} s")
-    yield settings, url, base, scale_up
-    ray_serve.stop()
+    return settings, url, base, scale_up
+
+
+class Cluster:
+    """The module's cluster, started when a test first asks for it, and again after a test stopped it:
+    on several workers a file's `realtime` tests are a unit of their own (tests/workers.py), which may
+    follow the stopping test on the same worker with the module's fixtures kept."""
+
+    def __init__(self) -> None:
+        self.running: tuple | None = None
+
+    def get(self) -> tuple:
+        if self.running is None:
+            self.running = start_cluster()
+        return self.running
+
+    def stop(self) -> None:
+        ray_serve.stop()  # a stopped one stays stopped
+        self.running = None
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    # autoscaling figures reach Serve's controller every 10 s by default: every 0.5 s here (the local
+    # instance's processes inherit this environment), so the autoscaling test takes seconds
+    monkeypatch = pytest.MonkeyPatch()
+    for name in ("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S",
+                 "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S"):
+        monkeypatch.setenv(name, "0.5")
+    cluster = Cluster()
+    yield cluster
+    if cluster.running is not None:
+        cluster.stop()
     monkeypatch.undo()
+
+
+@pytest.fixture
+def cluster(ray_cluster):
+    return ray_cluster.get()
 
 
 class Talker:
@@ -335,8 +366,9 @@ def test_autoscaling_follows_held_sessions(cluster):
     assert during["status"] == "ready" and during["wanted_replicas"] == 1
 
 
-def test_stopping_tells_every_session_like_the_single_server(cluster):
-    """What SIGTERM of `kame serve --ray` does (last in this module: the cluster is gone after it)."""
+def test_stopping_tells_every_session_like_the_single_server(cluster, ray_cluster):
+    """What SIGTERM of `kame serve --ray` does (last of the module's ordinary tests: a test after it
+    starts a cluster again)."""
     settings, url, base, _ = cluster
 
     async def go():
@@ -348,7 +380,10 @@ def test_stopping_tells_every_session_like_the_single_server(cluster):
         await stopping
         return code, reason
 
-    code, reason = run_closing(go)
+    try:
+        code, reason = run_closing(go)
+    finally:
+        ray_cluster.stop()
     assert code == 1001 and "shutting down" in reason
 
 
