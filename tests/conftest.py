@@ -10,20 +10,22 @@ import re
 # CPU), and on a shared machine two OpenMP threads spin waiting for a core (docs/benchmarks.md: 10x
 # slower). Set before torch is imported.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# Test processes keep freed memory, as `kame train`'s prepare workers do (kame/training/dialogues.py,
-# WORKER_MALLOC): Whisper and torch free and take blocks of over 32 MB again and again, and glibc's
-# default gives each back to the kernel and faults it in again, page by page. glibc reads these when a
-# process starts: here, on the controller, before pytest-xdist starts the workers (a serial run's own
-# process keeps glibc's default; the servers and CLIs the tests start inherit them either way).
-os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 30))
-os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 32))
 
 import numpy as np
 import pytest
 
 from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
+from kame.training.dialogues import WORKER_MALLOC
 
 from . import workers
+
+# Test processes keep freed memory, with the variables `kame train`'s prepare workers start with:
+# Whisper and torch free and take blocks of over 32 MB again and again, and glibc's default gives each
+# back to the kernel and faults it in again, page by page. glibc reads these when a process starts:
+# here, on the controller, before pytest-xdist starts the workers (a serial run's own process keeps
+# glibc's default; the servers and CLIs the tests start inherit them either way).
+for _name, _value in WORKER_MALLOC.items():
+    os.environ.setdefault(_name, _value)
 
 
 @pytest.fixture(scope="session")

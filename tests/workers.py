@@ -14,7 +14,8 @@ worker those fail (docs/benchmarks.md, "The test suite on two workers"), so:
 - work is handed out a file at a time (a module's fixtures are set up once), but a file's `realtime`
   tests are a unit of their own: the slowest files first, then the rest in collection order, then the
   `realtime` units, so that the exclusive stretches come together at the end of the run, where
-  nothing long runs beside them to wait for (a file split so sets its module fixtures up twice).
+  nothing long runs beside them to wait for (a file split so sets its module fixtures up
+  twice, unless one worker runs its two units one after the other).
 
 Run serially (no `-n`), none of this does anything.
 """
