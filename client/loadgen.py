@@ -146,15 +146,18 @@ REALTIME_LOAD_SESSION = {"kame": {"activity": "text+audio", "feed_silence": Fals
 
 async def _connect(url: str, transport: str, first_frame: int):
     """A timed session's client: moshi (/api/chat), realtime (/v1/realtime), live or live-webrtc
-    (/v1/live/sessions, client delegation)."""
-    from client.live_client import LiveAudio, LiveWebRTC
-    from client.realtime_client import RealtimeAudio
-
+    (/v1/live/sessions, client delegation). Each imports its own client: the moshi one needs no aiortc."""
     if transport == "realtime":
+        from client.realtime_client import RealtimeAudio
+
         return await RealtimeAudio.connect(url, session=REALTIME_LOAD_SESSION)
     if transport == "live":
+        from client.live_client import LiveAudio
+
         return await LiveAudio.connect(url)
     if transport == "live-webrtc":
+        from client.live_client import LiveWebRTC
+
         return await LiveWebRTC.connect(url, first_frame=first_frame)
     return await KameClient.connect(url, events=True)  # events: the stats events' count of dropped frames
 

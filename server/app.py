@@ -24,7 +24,8 @@ from kame.runtime import log_index_stats
 from server import client_secrets
 from server.access import AccessControl, Refusal
 from server.codec_process import CodecPool
-from server.live import sideband, webrtc
+from server.http_errors import error_response
+from server.live import sideband
 from server.live.adapter import LiveSession
 from server.realtime import RealtimeSession
 from server.services import Services
@@ -33,6 +34,12 @@ from server.settings import ServerSettings
 from server.transport import SocketSession
 
 logger = logging.getLogger(__name__)
+
+try:  # WebRTC (aiortc, PyAV) is optional at run time: without it the rest of the server works and the route says why
+    from server.live import webrtc
+except ImportError as exc:
+    webrtc = None
+    WEBRTC_MISSING = f"GPT-Live over WebRTC is unavailable on this server: {exc} (pip install aiortc==1.16.0)"
 
 WEB_ROOT = Path(__file__).resolve().parents[1] / "client" / "web"
 
@@ -208,10 +215,14 @@ def create_app(settings: ServerSettings, services: Services | None = None,
 
     @app.post("/v1/live/sessions")
     async def live_webrtc(request: Request) -> Response:
+        if webrtc is None:
+            return error_response(501, "server_error", "webrtc_unavailable", WEBRTC_MISSING)
         return await webrtc.create(request, app.state.services, access, app.state.sessions, app.state.draining)
 
     @app.options("/v1/live/sessions")
     async def live_webrtc_preflight(request: Request) -> Response:
+        if webrtc is None:
+            return error_response(501, "server_error", "webrtc_unavailable", WEBRTC_MISSING)
         return Response(status_code=204, headers=webrtc.cors_headers(request, access, preflight=True))
 
     @app.post("/v1/realtime/client_secrets")

@@ -320,3 +320,27 @@ def test_a_peer_connection_that_never_closes_holds_nothing(monkeypatch):
 
     asyncio.run(go())
     assert closes == ["close"]
+
+
+def test_without_aiortc_the_webrtc_route_says_why_and_the_rest_of_the_server_stands(monkeypatch):
+    """A server whose image lacks aiortc/PyAV (a GPU image with only the core): WebSockets work, the
+    WebRTC POST and its preflight answer 501 with the reason instead of a 500 or a failed start."""
+    import httpx2 as httpx  # openai's HTTP client (the project has no httpx)
+
+    import server.app as app_module
+    from server.settings import ServerSettings
+
+    monkeypatch.setattr(app_module, "webrtc", None)
+    monkeypatch.setattr(app_module, "WEBRTC_MISSING", "GPT-Live over WebRTC is unavailable: No module named 'av'",
+                        raising=False)
+    app = app_module.create_app(ServerSettings())  # no lifespan here: nothing loads
+
+    async def ask() -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://kame") as client:
+            return [await client.post("/v1/live/sessions", content=b"v=0"),
+                    await client.options("/v1/live/sessions")]
+
+    for response in asyncio.run(ask()):
+        assert response.status_code == 501
+        error = response.json()["error"]
+        assert error["code"] == "webrtc_unavailable" and "No module named 'av'" in error["message"]
