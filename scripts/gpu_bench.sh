@@ -1,32 +1,103 @@
 #!/usr/bin/env bash
-# GPU benchmark in one command (about 10 minutes on one H200): installs the project, then
-#  1. the front-end engine: Moshi 7B architecture (random weights), bf16, CUDA graphs, batch 1/8/32/64;
-#  2. the same in int8 (--quantize int8, bitsandbytes), batch 1/8/32: memory, step time, sessions that fit;
-#  3. the whole server under load: kame serve on that model, N real-time sessions (1, 8, 32, 64), on the
-#     tick clock (the GPU default) and on the eager one (8, 32, 64);
-#  4. with two GPUs: two replicas behind kame serve --ray, the same load;
-#  5. a training smoke run: LoRA on moshi-7b-random for a few steps (scripts/bench_train.py);
-#  6. where the Hugging Face hub answers: the real checkpoints (SakanaAI/kame, kyutai/stt-1b-en_fr) as a
+# GPU benchmark in one command (about 9 minutes on one H200), inside a time budget (GPU_BENCH_BUDGET_S, default
+# 540 s: each pass gets what is left, the most valuable first, and the report is written whatever ran):
+#  1. the checks only a GPU can make (tests/test_gpu.py: CUDA graphs with per-session sampling, int8, a
+#     Kyutai-layout checkpoint read onto CUDA);
+#  2. the front-end engine: Moshi 7B architecture (random weights), bf16, CUDA graphs, batch 1/8/32/64;
+#  3. the whole server under load: kame serve on that model, N real-time sessions (1, 8, 32), tick clock;
+#  4. a training smoke run: LoRA on moshi-7b-random for a few steps (scripts/bench_train.py);
+#  5. the same load on the eager clock (8, 32);
+#  6. int8 (--quantize int8, bitsandbytes) where bitsandbytes imports: memory, step time, sessions that fit;
+#  7. with two GPUs: two replicas behind kame serve --ray, the same load;
+#  8. where the Hugging Face hub answers: the real checkpoints (SakanaAI/kame, kyutai/stt-1b-en_fr) as a
 #     user gets them: `kame doctor`, the load time of `kame serve --device cuda`, and one spoken question
 #     end to end (the first assistant text, the transcript, the oracle and its lead). The LLM is the
 #     openai profile when OPENAI_API_KEY is set, else $KAME_GPU_LLM (default: embedded). Skipped offline.
-# Writes $OUT (default ./gpu-bench)/{frontend.json, frontend-int8.json, fit.md, load.json, train.json,
-# real/*, report.md}.
+# Install: into .venv-gpu from the package index; or, on a machine with no network and its own torch, from
+# wheels in .whl/ (this project's wheel and what the image lacks; docs/benchmarks.md, "GPU", says how to make
+# them) into a --target folder over the image's packages.
+# GPU_BENCH_DRY=1: the same passes on the tiny model on the CPU, to check the script itself in a minute or two.
+# Writes $OUT (default ./gpu-bench)/{frontend.json, fit.md, load.json, train.json, real/*, report.md, ...}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-bench}
 mkdir -p "$OUT"
-python3 -m venv .venv-gpu && . .venv-gpu/bin/activate
-pip install -q -e ".[train]" 2>&1 | tail -2  # bitsandbytes (for --quantize int8) comes with moshi on Linux
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-# the checks only a GPU can make (CUDA graphs with per-session sampling, int8 weights)
-pip install -q pytest pytest-timeout hypothesis 2>&1 | tail -1
-timeout 300 python -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/gpu-tests.txt" | tail -5 || true
+STARTED=$SECONDS
+BUDGET=${GPU_BENCH_BUDGET_S:-540}
+left() { echo $((BUDGET - (SECONDS - STARTED))); }
+# a pass's limit: its own, or what is left of the budget less 25 s for the report; 0 when nothing is left
+limit() { local l=$(( $(left) - 25 )); [ "$l" -lt "$1" ] || l=$1; [ "$l" -gt 0 ] || l=0; echo "$l"; }
+if [ "${GPU_BENCH_DRY:-0}" = 1 ]; then
+    MODEL=tiny; DEVICE=cpu; SESSIONS=4
+else
+    MODEL=moshi-7b-random; DEVICE=cuda; SESSIONS=64
+fi
+if [ -d .whl ]; then  # offline: the image's python3 and torch, the rest from the wheels beside the code
+    SITE=${KAME_SITE:-/tmp/kame-site}
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --ignore-requires-python --upgrade \
+        --target "$SITE" .whl/*.whl 2>&1 | grep -v "^WARNING" | tail -3 || true
+    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH"
+else
+    python3 -m venv .venv-gpu && . .venv-gpu/bin/activate
+    pip install -q -e ".[train]" 2>&1 | tail -2  # bitsandbytes (for --quantize int8) comes with moshi on Linux
+    pip install -q pytest pytest-timeout hypothesis 2>&1 | tail -1
+fi
+python3 -c "import sys, torch, moshi, fastapi; print('python', sys.version.split()[0], 'torch', torch.__version__, \
+'cuda', torch.version.cuda, 'moshi', moshi.__version__)" | tee "$OUT/versions.txt"
+if [ "$DEVICE" = cuda ]; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+else
+    echo "dry run: $MODEL on the CPU" | tee "$OUT/gpu.txt"
+fi
 
-timeout 300 kame bench frontend --frontend moshi-7b-random --device cuda --batch-sizes 1,8,32,64 \
-    --frames 50 --warmup 10 --json-out "$OUT/frontend.json" | tee "$OUT/frontend.md"
-timeout 240 kame bench frontend --frontend moshi-7b-random --device cuda --quantize int8 --batch-sizes 1,8,32 \
-    --frames 50 --warmup 10 --json-out "$OUT/frontend-int8.json" | tee "$OUT/frontend-int8.md" || true
+# 1. the checks only a GPU can make (skipped, and said so, on a dry run)
+timeout "$(limit 150)" python3 -m pytest -q -p no:cacheprovider -p no:xdist -m gpu tests/test_gpu.py 2>&1 \
+    | tee "$OUT/gpu-tests.txt" | tail -5 || true
+
+# 2. the front-end engine on its own
+timeout "$(limit 170)" kame bench frontend --frontend $MODEL --device $DEVICE --batch-sizes 1,8,32,64 \
+    --frames 50 --warmup 10 --json-out "$OUT/frontend.json" 2>"$OUT/frontend.log" | tee "$OUT/frontend.md" || true
+PORT=18999
+load_run() {  # NAME CLOCK LEVELS LIMIT_S: kame serve on the model with that clock, then bench load
+    local budget; budget=$(limit "$4")
+    [ "$budget" -gt 30 ] || { echo "$1: skipped, out of time" | tee "$OUT/$1.md"; return; }
+    local until=$((SECONDS + budget))
+    KAME_ENGINE_CLOCK=$2 kame serve --frontend $MODEL --device $DEVICE --asr none --llm local \
+        --max-sessions $SESSIONS --port $PORT >"$OUT/serve-$1.log" 2>&1 &
+    SERVER=$!
+    trap 'kill -INT $SERVER 2>/dev/null || true' EXIT
+    while [ $SECONDS -lt $until ] && ! curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1; do
+        kill -0 $SERVER 2>/dev/null || break
+        sleep 1
+    done
+    echo "$1: server ready after $((SECONDS + budget - until)) s" | tee "$OUT/$1.md"
+    timeout $((until - SECONDS > 1 ? until - SECONDS : 1)) kame bench load --url "ws://127.0.0.1:$PORT/api/chat" \
+        --levels "$3" --seconds 10 --json-out "$OUT/$1.json" | tee -a "$OUT/$1.md" || true
+    kill -INT $SERVER 2>/dev/null; timeout 20 tail --pid=$SERVER -f /dev/null || kill -9 $SERVER 2>/dev/null || true
+    trap - EXIT
+}
+# 3. the server under load on the tick clock (a GPU's default)
+load_run load tick 1,8,32 150
+
+# 4. training smoke: LoRA (rank 16) on the 7B architecture, random tokens, 512-frame chunks: step time,
+# tokens/s, peak memory (docs/training.md has the estimates these check)
+TRAIN=(--frontend $MODEL --lora-rank 16 --steps 12 --chunk 512 --device $DEVICE)
+[ "${GPU_BENCH_DRY:-0}" = 1 ] && TRAIN=(--dry-run)
+timeout "$(limit 150)" python3 scripts/bench_train.py "${TRAIN[@]}" --json-out "$OUT/train.json" \
+    2>"$OUT/train.log" | tee "$OUT/train.md" || true
+
+# 5. the same load on the eager clock: which of the two gives the lower latency, and at how many steps,
+# decides a GPU's default (auto is the tick there today; docs/benchmarks.md, "The frame clock")
+load_run load-eager eager 8,32 100
+
+# 6. int8 weights, where bitsandbytes imports (an offline image without its wheel skips this)
+if [ "$DEVICE" = cuda ] && python3 -c "import bitsandbytes" 2>/dev/null; then
+    timeout "$(limit 120)" kame bench frontend --frontend $MODEL --device cuda --quantize int8 --batch-sizes 1,8,32 \
+        --frames 50 --warmup 10 --json-out "$OUT/frontend-int8.json" 2>"$OUT/frontend-int8.log" \
+        | tee "$OUT/frontend-int8.md" || true
+else
+    echo "int8: skipped (bitsandbytes does not import here)" | tee "$OUT/frontend-int8.md"
+fi
 # sessions that fit per card size: weights + per-slot growth of the peak (KV cache, activations), measured
 python3 - "$OUT" >"$OUT/fit.md" <<'PY' || true
 import json, pathlib, sys
@@ -37,51 +108,31 @@ for name in ("frontend.json", "frontend-int8.json"):
     if not (out / name).exists():
         continue
     result = json.loads((out / name).read_text())
-    rows = [r for r in result["rows"] if "peak_mem_gib" in r]
+    rows = [r for r in result["rows"] if r.get("peak_mem_gib")]
+    if len(rows) < 2:  # a CPU run (dry) has no device peak to read
+        continue
     first, last = rows[0], rows[-1]
     per_slot = (last["peak_mem_gib"] - first["peak_mem_gib"]) / (last["batch"] - first["batch"])
     base = first["peak_mem_gib"] - per_slot * first["batch"]
     fits = [max(0, int((card * 0.95 - base) / per_slot)) for card in (16, 24, 48, 80, 141)]
     print(f"| {result['dtype']} | {result['weights_gib']} | {per_slot:.2f} | " + " | ".join(map(str, fits)) + " |")
 PY
-cat "$OUT/fit.md"
 
-PORT=18999
-load_run() {  # NAME CLOCK LEVELS LIMIT_S: kame serve on the 7B architecture with that clock, then bench load
-    KAME_ENGINE_CLOCK=$2 kame serve --frontend moshi-7b-random --device cuda --asr none --llm local \
-        --max-sessions 64 --port $PORT >"$OUT/serve-$1.log" 2>&1 &
-    SERVER=$!
-    trap 'kill -INT $SERVER 2>/dev/null || true' EXIT
-    for _ in $(seq 240); do curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break; sleep 1; done
-    timeout "$4" kame bench load --url "ws://127.0.0.1:$PORT/api/chat" --levels "$3" --seconds 10 \
-        --json-out "$OUT/$1.json" | tee "$OUT/$1.md" || true
-    kill -INT $SERVER; wait $SERVER || true
-    trap - EXIT
-}
-load_run load tick 1,8,32,64 200
-# the same load on the eager clock: which of the two gives the lower latency, and at how many steps,
-# decides a GPU's default (auto is the tick there today; docs/benchmarks.md, "The frame clock")
-load_run load-eager eager 8,32,64 120
-
-# two engine replicas behind Ray Serve's proxy, on a machine with two GPUs (prepared; skipped on one)
-if [ "$(nvidia-smi --list-gpus | wc -l)" -ge 2 ]; then
-    pip install -q -e ".[ray]" 2>&1 | tail -1
-    KAME_PORT=$PORT kame serve --ray --replicas 2 --frontend moshi-7b-random --device cuda --asr none --llm local \
+# 7. two engine replicas behind Ray Serve's proxy, on a machine with two GPUs (prepared; skipped on one)
+if [ "$DEVICE" = cuda ] && [ "$(nvidia-smi --list-gpus | wc -l)" -ge 2 ] && [ "$(limit 200)" -ge 200 ]; then
+    [ -d .whl ] || pip install -q -e ".[ray]" 2>&1 | tail -1
+    KAME_PORT=$PORT kame serve --ray --replicas 2 --frontend $MODEL --device cuda --asr none --llm local \
         --max-sessions 32 >"$OUT/serve-ray.log" 2>&1 &
     RAYSERVER=$!
     for _ in $(seq 300); do curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break; sleep 1; done
-    timeout 200 kame bench load --url "ws://127.0.0.1:$PORT/api/chat" --levels 1,8,32,64 --seconds 10 \
+    timeout "$(limit 200)" kame bench load --url "ws://127.0.0.1:$PORT/api/chat" --levels 1,8,32,64 --seconds 10 \
         --json-out "$OUT/load-ray.json" | tee "$OUT/load-ray.md" || true
     kill -INT $RAYSERVER; wait $RAYSERVER || true
 fi
 
-# training smoke: LoRA (rank 16) on the 7B architecture, random tokens, 512-frame chunks: step time,
-# tokens/s, peak memory (docs/training.md has the estimates these check)
-timeout 420 python scripts/bench_train.py --frontend moshi-7b-random --lora-rank 16 --steps 12 --chunk 512 \
-    --device cuda --json-out "$OUT/train.json" 2>"$OUT/train.log" | tee "$OUT/train.md" || true
-
 # the real checkpoints, where the hub answers (a lent benchmark machine has no network: skipped there)
-if python -c "import sys; from kame.frontend.checkpoint import hub_reachable; sys.exit(not hub_reachable(None))"; then
+if [ "$DEVICE" = cuda ] && [ "$(limit 300)" -ge 300 ] && timeout 30 python3 -c \
+        "import sys; from kame.frontend.checkpoint import hub_reachable; sys.exit(not hub_reachable(None))"; then
     mkdir -p "$OUT/real"
     LLM=${KAME_GPU_LLM:-$([ -n "${OPENAI_API_KEY:-}" ] && echo openai || echo embedded)}
     kame doctor --device cuda --llm "$LLM" | tee "$OUT/real/doctor.txt" || true
@@ -93,12 +144,12 @@ if python -c "import sys; from kame.frontend.checkpoint import hub_reachable; sy
         kill -0 $REALSERVER 2>/dev/null || break
         sleep 1
     done
-    echo "ready after $(python -c "import time; print(round(time.time() - $started, 1))") s (downloads included)" \
+    echo "ready after $(python3 -c "import time; print(round(time.time() - $started, 1))") s (downloads included)" \
         | tee "$OUT/real/load.txt"
     timeout 120 kame client --url "ws://127.0.0.1:$PORT/api/chat" --input tests/fixtures/question.wav \
         --output "$OUT/real/answer.wav" --tail 8 --json >"$OUT/real/client.jsonl" || true
     kill -INT $REALSERVER 2>/dev/null; wait $REALSERVER || true
-    python - "$OUT/real/client.jsonl" >"$OUT/real/summary.md" <<'PY' || true
+    python3 - "$OUT/real/client.jsonl" >"$OUT/real/summary.md" <<'PY' || true
 import json, sys, wave
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
 with wave.open("tests/fixtures/question.wav") as w:
@@ -120,23 +171,28 @@ PY
     cat "$OUT/real/summary.md"
 fi
 
+section() {  # TITLE FILE [PATTERN]: a file's table lines (or all of it) under a heading, or why it is missing
+    echo; echo "## $1"; echo
+    if [ -s "$2" ]; then grep -E "${3:-.}" "$2" || echo "(no table: see $(basename "$2"))"; else echo "(not run)"; fi
+}
 {
   echo "# GPU benchmark ($(cat "$OUT/gpu.txt"))"
-  echo; echo "## GPU tests"; echo; tail -3 "$OUT/gpu-tests.txt"
-  echo; echo "## Front-end engine"; echo; tail -n +1 "$OUT/frontend.md" | grep -E '^\||^front-end'
-  echo; echo "## Front-end engine, int8"; echo; grep -E '^\||^front-end' "$OUT/frontend-int8.md" || true
-  echo; echo "## Sessions that fit (95 % of the card)"; echo; cat "$OUT/fit.md"
-  echo; echo "## Server under load"; echo; grep -E '^\||^largest' "$OUT/load.md"
-  echo; echo "## Server under load, eager clock"; echo; grep -E '^\||^largest' "$OUT/load-eager.md" || true
-  if [ -f "$OUT/load-ray.md" ]; then
-    echo; echo "## Two replicas behind Ray Serve"; echo; grep -E '^\||^largest' "$OUT/load-ray.md"
-  fi
+  echo; cat "$OUT/versions.txt"; echo; echo "whole run: $((SECONDS - STARTED)) s of a $BUDGET s budget"
+  section "GPU tests" "$OUT/gpu-tests.txt" 'passed|failed|skipped|error'
+  section "Front-end engine" "$OUT/frontend.md" '^\||^front-end'
+  section "Front-end engine, int8" "$OUT/frontend-int8.md" '^\||^front-end|skipped'
+  section "Sessions that fit (95 % of the card)" "$OUT/fit.md"
+  section "Server under load, tick clock" "$OUT/load.md" '^\||^largest|ready|skipped'
+  section "Server under load, eager clock" "$OUT/load-eager.md" '^\||^largest|ready|skipped'
+  [ -f "$OUT/load-ray.md" ] && section "Two replicas behind Ray Serve" "$OUT/load-ray.md" '^\||^largest'
   if [ -f "$OUT/real/summary.md" ]; then
     echo; echo "## Real checkpoints (SakanaAI/kame, kyutai/stt-1b-en_fr)"; echo
     cat "$OUT/real/load.txt"; echo; cat "$OUT/real/summary.md"; echo; echo '```'; cat "$OUT/real/doctor.txt"; echo '```'
+  else
+    echo; echo "## Real checkpoints"; echo; echo "(skipped: the hub does not answer here, or too little time was left)"
   fi
-  if [ -f "$OUT/train.json" ]; then
-    echo; echo "## Training smoke (LoRA r16, moshi-7b-random, random tokens)"; echo; echo '```'; cat "$OUT/train.json"; echo '```'
-  fi
-} > "$OUT/report.md"
+  echo; echo "## Training smoke (LoRA r16, $MODEL, random tokens)"; echo; echo '```'
+  cat "$OUT/train.json" 2>/dev/null || { echo "(no result)"; tail -5 "$OUT/train.log" 2>/dev/null; }
+  echo '```'
+} > "$OUT/report.md" || true
 cat "$OUT/report.md"
