@@ -20,16 +20,21 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def tiny_cuda():
-    return load_frontend("tiny", "cuda")
+    # float32: random weights put many logits near a tie, where bf16 rounding alone can flip an argmax
+    return load_frontend("tiny", "cuda", dtype=torch.float32)
 
 
 def test_per_session_sampling_holds_inside_cuda_graphs(tiny_cuda, rng):
+    """A greedy slot beside a hot one gives what a greedy engine gives, token for token: the per-slot
+    temperatures live in the captured graphs' inputs. The reference has the same batch shape (two
+    greedy slots): kernels chosen for another batch size may round differently, which is not sampling."""
     frames = noise_frames(rng, 16)
     audio, reference_audio = [], []
     cold, warm = run(tiny_cuda, SAMPLED, [Sampling(text_temperature=0.0, audio_temperature=0.0),
                                           Sampling(text_temperature=5.0, text_topk=0, audio_temperature=5.0,
                                                    audio_topk=0)], frames, audio_tokens=audio)
-    (reference,) = run(tiny_cuda, GREEDY, [None], frames, audio_tokens=reference_audio)
+    reference, twin = run(tiny_cuda, GREEDY, [None, None], frames, audio_tokens=reference_audio)
+    assert tokens(reference) == tokens(twin)  # the same input in both rows of a batch: the same tokens
     assert tokens(cold) == tokens(reference)
     assert torch.equal(torch.stack(audio)[:, 0].cpu(), torch.stack(reference_audio)[:, 0].cpu())
     assert tokens(warm) != tokens(reference)
@@ -53,12 +58,20 @@ def test_a_kyutai_layout_checkpoint_loads_onto_the_gpu_tensor_by_tensor(tmp_path
     """Fused bf16 keys read straight onto CUDA: the same weights as on the CPU, the peak about the model."""
     from kame.testing.hub_layouts import TINY_LM_CONFIG, kyutai_moshi_repo, random_weights
 
-    folder = kyutai_moshi_repo(tmp_path / "kyutai", random_weights(TINY_LM_CONFIG, seed=3))
+    # wide enough (~135 MB in bf16) that a second copy of the LM would stand out of the fixed costs: CUDA's
+    # workspaces and the first steps' buffers came to ~70 MB on an H200 (2026-12-04), 100 times the tiny LM
+    wide = {**TINY_LM_CONFIG, "dim": 1024, "num_heads": 8, "num_layers": 8}
+    folder = kyutai_moshi_repo(tmp_path / "kyutai", random_weights(wide, seed=3))
     cpu = load_frontend(str(folder), "cpu", dtype=torch.bfloat16)
     torch.cuda.reset_peak_memory_stats()
     gpu = load_frontend(str(folder), "cuda")
     assert gpu.lm.dtype == torch.bfloat16 and gpu.oracle_emb.weight.is_cuda
     for key, value in cpu.lm.state_dict().items():
         assert torch.equal(gpu.lm.state_dict()[key].cpu(), value), key
-    model_bytes = sum(p.numel() * p.element_size() for p in gpu.lm.parameters())
-    assert torch.cuda.max_memory_allocated() < 1.5 * model_bytes + 64 * 2**20  # + Mimi and the oracle table
+    def size(module) -> int:
+        return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
+
+    lm_bytes, resident = size(gpu.lm), size(gpu.mimi) + size(gpu.oracle_emb)  # Mimi and the oracle table stay
+    peak = torch.cuda.max_memory_allocated()
+    assert lm_bytes > 100 * 2**20
+    assert peak < 1.5 * lm_bytes + resident + 96 * 2**20, (peak, lm_bytes, resident)

@@ -235,7 +235,8 @@ def train(run_dir: Path, options: TrainOptions) -> Path:
         with autocast(device):
             loss = compute_loss(wrapped(codes, oracle), codes, lm.text_padding_token_id, config.audio_weight)
         opt.zero_grad(set_to_none=True)
-        loss.total.backward()
+        with no_compile():  # activation checkpointing recomputes the forward here: compiled, it saves other tensors
+            loss.total.backward()
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
         opt.step()
         sched.step()
