@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import threading
 import time
 
 import numpy as np
@@ -480,3 +481,35 @@ def test_an_overloaded_engine_skips_missed_ticks_instead_of_catching_up(tiny, mo
     assert stats.skipped_frames == handle.dropped_frames
     warnings = [r for r in caplog.records if "overruns so far" in r.getMessage()]
     assert len(warnings) == 1  # once, then at most once a minute
+
+
+def test_warm_up_steps_are_not_overruns_and_later_slow_steps_are(tiny, monkeypatch, caplog):
+    """The first steps pay CUDA graph capture and compilation (about 20 s on the 7B, GPU run of
+    2026-12-04): warm-up neither counts them nor warns of an overloaded engine; a slow step after it does."""
+    engine = BatchedEngine(tiny, batch_size=1, gen=GREEDY)
+    original = engine.step
+    slow = {"steps": 2}
+
+    def first_steps_slow(frames, timings=None):
+        if slow["steps"] > 0:
+            slow["steps"] -= 1
+            time.sleep(0.1)  # longer than the 80 ms frame, whatever the machine's load
+        return original(frames, timings)
+
+    monkeypatch.setattr(engine, "step", first_steps_slow)
+    caplog.set_level(logging.WARNING, logger="kame.frontend.runner")
+    try:
+        with EngineRunner(engine) as runner:
+            assert runner.warm_up(frames=2) == 2
+            assert runner.stats.overruns == 0
+            assert not [r for r in caplog.records if "overruns so far" in r.getMessage()]
+            slow["steps"] = 1
+            done = threading.Event()
+            handle = runner.acquire(lambda out: done.set())
+            handle.push_frame(ZERO)
+            assert done.wait(30)
+            handle.release().result(30)
+            assert runner.stats.overruns == 1
+    finally:
+        engine.close()
+    assert len([r for r in caplog.records if "overruns so far" in r.getMessage()]) == 1

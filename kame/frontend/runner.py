@@ -92,6 +92,7 @@ class EngineRunner:
         self.max_pending_frames = max_pending_frames  # per slot, both clocks; beyond it the oldest is dropped
         self.time_source = time_source or MonotonicClock()  # arrivals, the policy's decisions, the overrun warning
         self.stats = RunnerStats()
+        self._warming = False  # during warm_up: slow first steps are neither counted nor warned about
         self._cond = threading.Condition()
         self._inboxes: dict[int, SlotInbox] = {}
         self._commands: deque[tuple[Callable[[], object], concurrent.futures.Future]] = deque()
@@ -140,10 +141,14 @@ class EngineRunner:
                 finished.set()
 
         handle = self.acquire(on_output, timeout=timeout_s)
-        for _ in range(frames):
-            handle.push_frame(np.zeros(FRAME_SIZE, dtype=np.float32))
-        finished.wait(timeout_s)
-        handle.release().result(timeout_s)
+        self._warming = True  # first steps capture CUDA graphs and compile (20 s on a 7B): not an overload
+        try:
+            for _ in range(frames):
+                handle.push_frame(np.zeros(FRAME_SIZE, dtype=np.float32))
+            finished.wait(timeout_s)
+            handle.release().result(timeout_s)
+        finally:
+            self._warming = False
         return len(done)
 
     # ---------------------------------------------------------------- slots
@@ -281,7 +286,7 @@ class EngineRunner:
 
     def _count_overrun(self, elapsed: float) -> None:
         """A step longer than a frame: the engine is behind real time; it warns once a minute at most."""
-        if elapsed <= self.frame_s:
+        if elapsed <= self.frame_s or self._warming:
             return
         self.stats.overruns += 1
         now = self.time_source.now()
