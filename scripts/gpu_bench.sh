@@ -31,9 +31,11 @@ limit() { local l=$(( $(left) - 25 )); [ "$l" -lt "$1" ] || l=$1; [ "$l" -gt 0 ]
 # load-eager, int8
 skip() { [[ ",${GPU_BENCH_SKIP:-}," == *",$1,"* ]]; }
 if [ "${GPU_BENCH_DRY:-0}" = 1 ]; then
-    MODEL=tiny; DEVICE=cpu; SESSIONS=4
+    MODEL=tiny; DEVICE=cpu; SESSIONS=4; CLIENTS=1
 else
-    MODEL=moshi-7b-random; DEVICE=cuda; SESSIONS=64
+    # the load generator carries ~30 sessions per process (its Opus encoding holds the GIL): 64 need several,
+    # else it, not the server, is what saturates (one process did at 64 on the H200, 2026-12-04)
+    MODEL=moshi-7b-random; DEVICE=cuda; SESSIONS=64; CLIENTS=4
 fi
 if [ -d .whl ]; then  # offline: the image's python3 and torch, the rest from the wheels beside the code
     SITE=${KAME_SITE:-/tmp/kame-site}
@@ -77,7 +79,7 @@ load_run() {  # NAME CLOCK LEVELS LIMIT_S: kame serve on the model with that clo
     done
     echo "$1: server ready after $((SECONDS + budget - until)) s" | tee "$OUT/$1.md"
     timeout $((until - SECONDS > 1 ? until - SECONDS : 1)) kame bench load --url "ws://127.0.0.1:$PORT/api/chat" \
-        --levels "$3" --seconds 10 --json-out "$OUT/$1.json" | tee -a "$OUT/$1.md" || true
+        --levels "$3" --seconds 10 --processes $CLIENTS --json-out "$OUT/$1.json" | tee -a "$OUT/$1.md" || true
     kill -INT $SERVER 2>/dev/null; timeout 20 tail --pid=$SERVER -f /dev/null || kill -9 $SERVER 2>/dev/null || true
     trap - EXIT
 }
@@ -133,7 +135,7 @@ if [ "$DEVICE" = cuda ] && [ "$(nvidia-smi --list-gpus | wc -l)" -ge 2 ] && [ "$
     RAYSERVER=$!
     for _ in $(seq 300); do curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break; sleep 1; done
     timeout "$(limit 200)" kame bench load --url "ws://127.0.0.1:$PORT/api/chat" --levels 1,8,32,64 --seconds 10 \
-        --json-out "$OUT/load-ray.json" | tee "$OUT/load-ray.md" || true
+        --processes $CLIENTS --json-out "$OUT/load-ray.json" | tee "$OUT/load-ray.md" || true
     kill -INT $RAYSERVER; wait $RAYSERVER || true
 fi
 
