@@ -435,19 +435,25 @@ def test_a_backlog_skips_to_live_and_is_caught_up_at_once(tiny, monkeypatch, clo
     assert step_starts[-1] - late < 0.04  # the live frame is stepped at once
 
 
-@pytest.mark.realtime
-def test_an_overloaded_engine_skips_missed_ticks_instead_of_catching_up(tiny, monkeypatch, caplog):
-    engine = BatchedEngine(tiny, batch_size=1, gen=GREEDY)
+def stalling_engine(frontend, monkeypatch, seconds: float) -> tuple[BatchedEngine, dict]:
+    """A one-slot engine whose next `stall["steps"]` steps each sleep `seconds` first."""
+    engine = BatchedEngine(frontend, batch_size=1, gen=GREEDY)
     original = engine.step
     stall = {"steps": 0}
 
     def stalling(frames, timings=None):
         if stall["steps"] > 0:
             stall["steps"] -= 1
-            time.sleep(0.2)  # 2.5 frames
+            time.sleep(seconds)
         return original(frames, timings)
 
     monkeypatch.setattr(engine, "step", stalling)
+    return engine, stall
+
+
+@pytest.mark.realtime
+def test_an_overloaded_engine_skips_missed_ticks_instead_of_catching_up(tiny, monkeypatch, caplog):
+    engine, stall = stalling_engine(tiny, monkeypatch, 0.2)  # 2.5 frames
     steps: list[tuple[float, float]] = []  # (end time, duration) of every step
 
     async def feed(handle, frames: int = 20, frame_s: float = 0.08) -> None:
@@ -486,17 +492,8 @@ def test_an_overloaded_engine_skips_missed_ticks_instead_of_catching_up(tiny, mo
 def test_warm_up_steps_are_not_overruns_and_later_slow_steps_are(tiny, monkeypatch, caplog):
     """The first steps pay CUDA graph capture and compilation (about 20 s on the 7B, GPU run of
     2026-12-04): warm-up neither counts them nor warns of an overloaded engine; a slow step after it does."""
-    engine = BatchedEngine(tiny, batch_size=1, gen=GREEDY)
-    original = engine.step
-    slow = {"steps": 2}
-
-    def first_steps_slow(frames, timings=None):
-        if slow["steps"] > 0:
-            slow["steps"] -= 1
-            time.sleep(0.1)  # longer than the 80 ms frame, whatever the machine's load
-        return original(frames, timings)
-
-    monkeypatch.setattr(engine, "step", first_steps_slow)
+    engine, slow = stalling_engine(tiny, monkeypatch, 0.1)  # longer than the 80 ms frame, whatever the load
+    slow["steps"] = 2
     caplog.set_level(logging.WARNING, logger="kame.frontend.runner")
     try:
         with EngineRunner(engine) as runner:
