@@ -84,7 +84,7 @@ load_run() {  # NAME CLOCK LEVELS LIMIT_S: kame serve on the model with that clo
     trap - EXIT
 }
 # 3. the server under load on the tick clock (a GPU's default)
-load_run load tick 1,8,32,64 150
+load_run load tick 1,8,32,64 160
 
 # 4. training smoke: LoRA (rank 16) on the 7B architecture, random tokens, 512-frame chunks: step time,
 # tokens/s, peak memory (docs/training.md has the estimates these check)
@@ -95,7 +95,7 @@ skip train || timeout "$(limit 150)" python3 scripts/bench_train.py "${TRAIN[@]}
 
 # 5. the same load on the eager clock: which of the two gives the lower latency, and at how many steps,
 # decides a GPU's default (auto is the tick there today; docs/benchmarks.md, "The frame clock")
-load_run load-eager eager 8,32,64 110
+load_run load-eager eager 8,32,64 130
 
 # 6. int8 weights, where bitsandbytes imports (an offline image without its wheel skips this)
 if skip int8; then
