@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 try:  # WebRTC (aiortc, PyAV) is optional at run time: without it the rest of the server works and the route says why
     from server.live import webrtc
 except ImportError as exc:
+    if (exc.name or "").split(".")[0] not in ("aiortc", "av"):  # our own import error is a bug: fail loudly
+        raise
     webrtc = None
     WEBRTC_MISSING = f"GPT-Live over WebRTC is unavailable on this server: {exc} (pip install aiortc==1.16.0)"
 
@@ -144,6 +146,8 @@ def create_app(settings: ServerSettings, services: Services | None = None,
         await app.state.codec.ready()
         base = f"ws://{settings.host}:{settings.port}"
         logger.info("ready: %s/api/chat, %s/v1/realtime and %s/v1/live/sessions", base, base, base)
+        if webrtc is None:
+            logger.warning("%s", WEBRTC_MISSING)
         if on_ready is not None:
             on_ready(app)
         stop_watching = watch_knowledge(app.state.services)

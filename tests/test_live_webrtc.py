@@ -344,3 +344,22 @@ def test_without_aiortc_the_webrtc_route_says_why_and_the_rest_of_the_server_sta
         assert response.status_code == 501
         error = response.json()["error"]
         assert error["code"] == "webrtc_unavailable" and "No module named 'av'" in error["message"]
+
+
+def test_only_a_missing_aiortc_or_pyav_makes_webrtc_optional():
+    """The server imports without PyAV (WebRTC then off, said at start); an import error of our own
+    still stops the import, instead of hiding behind a 501."""
+    import subprocess
+    import sys
+
+    def imports(blocked: str) -> subprocess.CompletedProcess:
+        code = (f"import sys; sys.modules[{blocked!r}] = None\n"
+                "import server.app as app\n"
+                "print(app.webrtc is None, app.WEBRTC_MISSING if app.webrtc is None else '')")
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+    without_av = imports("av")
+    assert without_av.returncode == 0, without_av.stderr
+    assert without_av.stdout.startswith("True") and "aiortc==1.16.0" in without_av.stdout
+    broken = imports("server.live.client_events")
+    assert broken.returncode != 0 and "server.live.client_events" in broken.stderr
