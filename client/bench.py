@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import re
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -36,6 +37,9 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     load.add_argument("--processes", type=int, default=1,
                       help="load generator processes to spread the sessions over (a session's Opus encoding holds "
                            "its process' GIL ~1 ms a frame: one process carries ~30 sessions; default 1)")
+    load.add_argument("--warmup", type=float, default=1.0,
+                      help="seconds one unmeasured session talks on each transport before the first level, so "
+                           "that no level pays the server's first-use costs (default 1; 0: none)")
     load.add_argument("--server-pid", type=int, default=None,
                       help="the server's process id: its CPU with its children's (Opus processes) by psutil")
     load.add_argument("--json-out", default=None)
@@ -179,6 +183,12 @@ def run_load(args: argparse.Namespace) -> int:
     if args.input:
         from kame.audio import read_audio
         speech = read_audio(args.input)
+    if args.warmup > 0:  # a fresh server's first-use costs (its first session, first frames) out of the levels
+        for transport in transports:
+            wait_for_free_slots(url, 1, limit_s=30)
+            print(f"warm-up: one {transport} session for {args.warmup:g} s, unmeasured", file=sys.stderr,
+                  flush=True)
+            load_level_timed(url, 1, args.warmup, transport=transport, speech=speech)
     rows = []
     for sessions in levels:
         for transport in transports:  # side by side: each level on each transport, one after the other
