@@ -31,11 +31,12 @@ limit() { local l=$(( $(left) - 25 )); [ "$l" -lt "$1" ] || l=$1; [ "$l" -gt 0 ]
 # load-eager, int8
 skip() { [[ ",${GPU_BENCH_SKIP:-}," == *",$1,"* ]]; }
 if [ "${GPU_BENCH_DRY:-0}" = 1 ]; then
-    MODEL=tiny; DEVICE=cpu; SESSIONS=4; CLIENTS=1
+    MODEL=tiny; DEVICE=cpu; SESSIONS=4; CLIENTS=1; TRAIN=(--dry-run)
 else
     # the load generator carries ~30 sessions per process (its Opus encoding holds the GIL): 64 need several,
     # else it, not the server, is what saturates (one process did at 64 on the H200, 2026-12-04)
     MODEL=moshi-7b-random; DEVICE=cuda; SESSIONS=64; CLIENTS=4
+    TRAIN=(--frontend $MODEL --lora-rank 16 --steps 12 --chunk 512 --device $DEVICE)
 fi
 if [ -d .whl ]; then  # offline: the image's python3 and torch, the rest from the wheels beside the code
     SITE=${KAME_SITE:-/tmp/kame-site}
@@ -88,8 +89,6 @@ load_run load tick 1,8,32,64 160
 
 # 4. training smoke: LoRA (rank 16) on the 7B architecture, random tokens, 512-frame chunks: step time,
 # tokens/s, peak memory (docs/training.md has the estimates these check)
-TRAIN=(--frontend $MODEL --lora-rank 16 --steps 12 --chunk 512 --device $DEVICE)
-[ "${GPU_BENCH_DRY:-0}" = 1 ] && TRAIN=(--dry-run)
 skip train || timeout "$(limit 150)" python3 scripts/bench_train.py "${TRAIN[@]}" --json-out "$OUT/train.json" \
     2>"$OUT/train.log" | tee "$OUT/train.md" || true
 
