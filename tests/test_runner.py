@@ -435,6 +435,10 @@ def test_a_backlog_skips_to_live_and_is_caught_up_at_once(tiny, monkeypatch, clo
     assert step_starts[-1] - late < 0.04  # the live frame is stepped at once
 
 
+def overrun_warnings(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if "overruns so far" in r.getMessage()]
+
+
 def stalling_engine(frontend, monkeypatch, seconds: float) -> tuple[BatchedEngine, dict]:
     """A one-slot engine whose next `stall["steps"]` steps each sleep `seconds` first."""
     engine = BatchedEngine(frontend, batch_size=1, gen=GREEDY)
@@ -485,8 +489,7 @@ def test_an_overloaded_engine_skips_missed_ticks_instead_of_catching_up(tiny, mo
     later = [end for end, _ in steps if slow_ends[-1] + 0.1 < end <= slow_ends[-1] + 0.5]
     assert len(later) <= 6  # ... then one step per frame: the missed ticks are not caught up
     assert stats.skipped_frames == handle.dropped_frames
-    warnings = [r for r in caplog.records if "overruns so far" in r.getMessage()]
-    assert len(warnings) == 1  # once, then at most once a minute
+    assert len(overrun_warnings(caplog)) == 1  # once, then at most once a minute
 
 
 def test_warm_up_steps_are_not_overruns_and_later_slow_steps_are(tiny, monkeypatch, caplog):
@@ -499,7 +502,7 @@ def test_warm_up_steps_are_not_overruns_and_later_slow_steps_are(tiny, monkeypat
         with EngineRunner(engine) as runner:
             assert runner.warm_up(frames=2) == 2
             assert runner.stats.overruns == 0
-            assert not [r for r in caplog.records if "overruns so far" in r.getMessage()]
+            assert not overrun_warnings(caplog)
             slow["steps"] = 1
             done = threading.Event()
             handle = runner.acquire(lambda out: done.set())
@@ -509,4 +512,4 @@ def test_warm_up_steps_are_not_overruns_and_later_slow_steps_are(tiny, monkeypat
             assert runner.stats.overruns == 1
     finally:
         engine.close()
-    assert len([r for r in caplog.records if "overruns so far" in r.getMessage()]) == 1
+    assert len(overrun_warnings(caplog)) == 1
