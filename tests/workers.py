@@ -50,9 +50,6 @@ SLOWEST_FIRST = (
     "tests/test_aec.py",
 )
 
-# The `realtime` units that go first among them: a long set-up (test_ray's cluster, started again for
-# them) then runs beside the other worker's last ordinary tests, not before a `realtime` test's call.
-LONG_SETUP_FIRST = ("tests/test_ray.py",)
 
 _TURNSTILE = pytest.StashKey["Turnstile"]()
 _REALTIME_IDS = "realtime-tests"  # in the lock's folder: the ids of the `realtime` tests, a line each
@@ -141,7 +138,7 @@ def order(config: pytest.Config, items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> tuple[int, int]:
         path = item.nodeid.split("::", 1)[0]
         if item.nodeid in realtime:
-            return (2, LONG_SETUP_FIRST.index(path)) if path in LONG_SETUP_FIRST else (3, first_seen[path])
+            return 2, first_seen[path]
         if path in SLOWEST_FIRST:
             return 0, SLOWEST_FIRST.index(path)
         return 1, first_seen[path]
