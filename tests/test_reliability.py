@@ -248,6 +248,9 @@ def test_asr_failure_and_stall_leave_the_session_running():
         assert sum(len(m.pcm) for m in got.audio) >= 3 * 24000 - 2 * 1920
 
 
+# every frame's audio back after the failure: a step of 590 ms beside a worker starting a Ray replica
+# skipped frames to live (2026-12-04)
+@pytest.mark.realtime
 def test_engine_failure_ends_the_session_with_an_error_and_the_engine_goes_on(monkeypatch):
     with running_server(asr="none", max_sessions=2) as (url, services):
         original = services.runtime.engine.step
