@@ -48,8 +48,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def python_path(tree: Path) -> dict:
+    """PYTHONPATH with `tree` first, ahead of what was there (a GPU image's packages may live on it:
+    scripts/gpu_bench.sh)."""
+    return {"PYTHONPATH": os.pathsep.join(filter(None, (str(tree), os.environ.get("PYTHONPATH"))))}
+
+
 def start_server(asr: str, max_sessions: int, port: int, log: Path, tree: Path = ROOT) -> subprocess.Popen:
-    env = os.environ | {"KAME_MAX_CONNECTIONS_PER_IP": str(4 * max_sessions), "PYTHONPATH": str(tree)}
+    env = os.environ | {"KAME_MAX_CONNECTIONS_PER_IP": str(4 * max_sessions)} | python_path(tree)
     server = subprocess.Popen(
         [sys.executable, "-m", "kame.cli", "serve", "--frontend", "null", "--device", "cpu", "--asr", asr,
          "--llm", "local", "--max-sessions", str(max_sessions), "--port", str(port)],
@@ -81,7 +87,7 @@ def load(port: int, sessions: int, seconds: float, out: Path) -> dict:
     command = [sys.executable, "-m", "kame.cli", "bench", "load", "--url", f"ws://127.0.0.1:{port}/api/chat",
                "--levels", str(sessions), "--seconds", str(seconds), "--input", str(SPEECH),
                "--processes", str(max(1, -(-sessions // 16))), "--json-out", str(out)]
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=os.environ | python_path(ROOT))
     return json.loads(out.read_text())["levels"][0]
 
 

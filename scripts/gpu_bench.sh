@@ -8,6 +8,7 @@
 #  4. a training smoke run: LoRA on moshi-7b-random for a few steps (scripts/bench_train.py);
 #  5. the same load on the eager clock (8, 32, 64);
 #  6. int8 (--quantize int8, bitsandbytes) where bitsandbytes imports: memory, step time, sessions that fit;
+#     then the host side alone (scripts/bench_host.py, no model) on this machine's cores;
 #  7. with two GPUs: two replicas behind kame serve --ray, the same load;
 #  8. where the Hugging Face hub answers: the real checkpoints (SakanaAI/kame, kyutai/stt-1b-en_fr) as a
 #     user gets them: `kame doctor`, the load time of `kame serve --device cuda`, and one spoken question
@@ -28,14 +29,14 @@ left() { echo $((BUDGET - (SECONDS - STARTED))); }
 # a pass's limit: its own, or what is left of the budget less 25 s for the report; 0 when nothing is left
 limit() { local l=$(( $(left) - 25 )); [ "$l" -lt "$1" ] || l=$1; [ "$l" -gt 0 ] || l=0; echo "$l"; }
 # GPU_BENCH_SKIP=frontend,train,...: passes left out (a rerun of what failed): gpu-tests, frontend, load, train,
-# load-eager, int8
+# load-eager, int8, host
 skip() { [[ ",${GPU_BENCH_SKIP:-}," == *",$1,"* ]]; }
 if [ "${GPU_BENCH_DRY:-0}" = 1 ]; then
-    MODEL=tiny; DEVICE=cpu; SESSIONS=4; CLIENTS=1; TRAIN=(--dry-run)
+    MODEL=tiny; DEVICE=cpu; SESSIONS=4; CLIENTS=1; TRAIN=(--dry-run); HOST_LEVELS=2,4; HOST_PROFILE=4
 else
     # the load generator carries ~30 sessions per process (its Opus encoding holds the GIL): 64 need several,
     # else it, not the server, is what saturates (one process did at 64 on the H200, 2026-12-04)
-    MODEL=moshi-7b-random; DEVICE=cuda; SESSIONS=64; CLIENTS=4
+    MODEL=moshi-7b-random; DEVICE=cuda; SESSIONS=64; CLIENTS=4; HOST_LEVELS=16,32,64,128; HOST_PROFILE=64
     TRAIN=(--frontend $MODEL --lora-rank 16 --steps 12 --chunk 512 --device $DEVICE)
 fi
 if [ -d .whl ]; then  # offline: the image's python3 and torch, the rest from the wheels beside the code
@@ -126,6 +127,16 @@ for name in ("frontend.json", "frontend-int8.json"):
     print(f"| {result['dtype']} | {result['weights_gib']} | {per_slot:.2f} | " + " | ".join(map(str, fits)) + " |")
 PY
 
+# the host side on this machine's cores: `kame serve --frontend null` (no model, no GPU) under 16-128
+# sessions, and a py-spy profile of its GIL holder at 64: what one server process carries when the
+# front-end costs nothing (a 2-core VM cannot run the server and the load both beyond ~48; docs/scaling.md)
+if skip host; then
+    :
+elif [ "$(limit 150)" -ge 60 ]; then
+    timeout "$(limit 150)" python3 scripts/bench_host.py --asr none --levels $HOST_LEVELS --seconds 10 \
+        --profile $HOST_PROFILE --json-out "$OUT/host.json" 2>"$OUT/host.log" | tee "$OUT/host.md" || true
+fi
+
 # 7. two engine replicas behind Ray Serve's proxy, on a machine with two GPUs (prepared; skipped on one)
 if [ "$DEVICE" = cuda ] && [ "$(nvidia-smi --list-gpus | wc -l)" -ge 2 ] && [ "$(limit 200)" -ge 200 ]; then
     [ -d .whl ] || pip install -q -e ".[ray]" 2>&1 | tail -1
@@ -192,6 +203,7 @@ section() {  # TITLE FILE [PATTERN]: a file's table lines (or all of it) under a
   section "Sessions that fit (95 % of the card)" "$OUT/fit.md"
   section "Server under load, tick clock" "$OUT/load.md" '^\||^largest|ready|skipped'
   section "Server under load, eager clock" "$OUT/load-eager.md" '^\||^largest|ready|skipped'
+  section "Host side (--frontend null, no model): one server process's CPU" "$OUT/host.md" '^\||^profile'
   [ -f "$OUT/load-ray.md" ] && section "Two replicas behind Ray Serve" "$OUT/load-ray.md" '^\||^largest'
   if [ -f "$OUT/real/summary.md" ]; then
     echo; echo "## Real checkpoints (SakanaAI/kame, kyutai/stt-1b-en_fr)"; echo

@@ -25,7 +25,8 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" 
     pydantic==2.14.4 pydantic-core==2.50.5 pydantic-settings==2.16.3 annotated-types==0.8.0 \
     typing-inspection==0.4.5 typing-extensions==4.16.0 python-dotenv==1.2.4 \
     uvicorn==0.54.0 httptools==0.9.0 websockets==17.4 \
-    openai==3.57.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 jiter==0.19.0 sniffio==1.3.1 distro==1.9.0
+    openai==3.57.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 jiter==0.19.0 sniffio==1.3.1 distro==1.9.0 \
+    py-spy==0.4.3  # the host-side pass's profile (scripts/bench_host.py --profile)
 # bitsandbytes as moshi pins it (<0.50), with only the libraries this GPU loads
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" --implementation cp \
     "${platforms[@]}" -d .whl/full bitsandbytes==0.49.2
