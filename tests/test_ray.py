@@ -154,6 +154,12 @@ def healthz(base: str) -> dict:
         return json.loads(error.read())
 
 
+def slots_and_sessions(base: str) -> list[tuple[int, int]]:
+    """(free slots, sessions) of each replica /healthz lists: both figures of one report, which may show
+    a slot taken by a session that has not joined the count yet, or freed by one that has not left it."""
+    return [(r["free_slots"], r["sessions"]) for r in healthz(base)["replicas"]]
+
+
 async def scale_up_watched(settings, url: str, base: str) -> dict:
     """From one replica to two, as `serve deploy` of a larger count does, watching /healthz every
     50 ms: what it said while the new replica warmed, where a session opened then went, and where the
@@ -183,8 +189,7 @@ async def scale_up_watched(settings, url: str, base: str) -> dict:
         await talker.close()
     # the slots given back, and the sessions gone (a closing one frees its slot first), before the
     # tests that count them
-    await wait_until(lambda: [(r["free_slots"], r["sessions"]) for r in healthz(base)["replicas"]] == [(2, 0)] * 2,
-                     "all slots free and no session left", 15)
+    await wait_until(lambda: slots_and_sessions(base) == [(2, 0)] * 2, "all slots free and no session left", 15)
     return {"old": old, "warming": warming, "ready": health, "early": early.replica if early else None,
             "early_while_warming": early_while_warming, "landed": [t.replica for t in landed],
             "refused": [repr(e) for e in burst if not isinstance(e, Talker)]}
@@ -220,11 +225,9 @@ def test_sessions_spread_over_replicas_and_a_fifth_is_refused_at_once(cluster):
         with pytest.raises(ServerBusy) as busy:
             await KameClient.connect(url, events=True, open_timeout=20)
         refused_in = time.monotonic() - refused_in
-        # every slot held: the headroom answers, and lists both replicas, full (each replica reports
-        # every REPORT_S, and takes a session's slot before the session joins its count: a report
-        # may show a slot held by a session not yet counted)
-        await wait_until(lambda: [(r["free_slots"], r["sessions"]) for r in healthz(base)["replicas"]] == [(0, 2)] * 2,
-                         "/healthz listing two full replicas", 15)
+        # every slot held: the headroom answers, and lists both replicas, full (a replica reports every
+        # REPORT_S: waited for until both figures of a report agree)
+        await wait_until(lambda: slots_and_sessions(base) == [(0, 2)] * 2, "/healthz listing two full replicas", 15)
         health = await asyncio.to_thread(healthz, base)
         metrics = await asyncio.to_thread(lambda: urllib.request.urlopen(f"{base}/metrics", timeout=10).read())
         await asyncio.gather(*(t.talk() for t in talkers))
