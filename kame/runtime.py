@@ -64,6 +64,8 @@ class RuntimeSettings:
     batch_window_s: float = BATCH_WINDOW_S  # eager clock: how long a ready session waits for the others
     max_pending_frames: int = MAX_PENDING_FRAMES  # hard cap of a session's input queue
     engine_threads: int | None = None  # torch threads of the engine thread; None: 1 on a CPU
+    # True: a step runs the sessions' rows only (kame/frontend/rows.py); False: every slot, as moshi alone does
+    engine_compact: bool = True
     breaker_failures: int = breaker.THRESHOLD  # LLM failures in a row (per profile) that open its circuit ...
     breaker_cooldown_s: float = breaker.COOLDOWN_S  # ... for this long
     tools: Mapping[str, ToolConfig] = field(default_factory=dict)  # [tools.NAME]; empty: no tools
@@ -270,7 +272,8 @@ def _start_engine(settings: RuntimeSettings, frontend: Frontend, cuda: bool, on_
     logger.info("[2/4] starting the batched engine: %d session slots, %s clock%s", sessions, clock,
                 " (auto)" if settings.engine_clock == "auto" else "")
     try:
-        engine = (NullEngine if settings.frontend == "null" else BatchedEngine)(frontend, sessions)
+        engine = (NullEngine if settings.frontend == "null" else BatchedEngine)(
+            frontend, sessions, compact=settings.engine_compact)
         threads = settings.engine_threads or (None if cuda else 1)
         runner = EngineRunner(engine, clock=clock, jitter_frames=settings.jitter_frames,
                               batch_window_s=settings.batch_window_s, max_pending_frames=settings.max_pending_frames,

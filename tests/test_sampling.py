@@ -116,7 +116,7 @@ def test_defaults_are_the_checkpoints_own_settings(tiny):
     engine = BatchedEngine(tiny, batch_size=2, gen=GenerationConfig(temp=0.6, top_k_text=7))
     try:
         slot = engine.acquire()
-        assert engine.sampler.settings(slot) == Sampling(text_temperature=0.7, text_topk=7, audio_temperature=0.6)
+        assert engine.sampling(slot) == Sampling(text_temperature=0.7, text_topk=7, audio_temperature=0.6)
         other = engine.acquire(Sampling(text_topk=3))
         assert engine.sampler.text_topk.tolist() == [7, 3]
         engine.release(other)

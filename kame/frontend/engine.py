@@ -4,6 +4,11 @@ One `BatchedEngine` owns the streaming state of Mimi and the LM for `batch_size`
 call to `step` runs Mimi encode, one LM step with every slot's oracle embedding added to its
 input, and Mimi decode, for all the slots given a frame at once; the others are paused with
 moshi's exec mask. It is synchronous and knows nothing of sockets, LLMs or threads.
+
+A step costs what the sessions cost, not the slots: each acquired slot holds a row of the batch, the
+live rows are kept at the front (a leaving session's row is filled by the last one), and a step runs
+on views of the first rows only (kame/frontend/rows.py), their number rounded up to a few sizes on
+CUDA so that each size keeps its CUDA graphs. Slots are the sessions' stable names; rows move.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from kame.audio import FRAME_SIZE, SAMPLE_RATE
 from kame.errors import EngineError, SlotsBusy
 from kame.frontend.loader import Frontend
 from kame.frontend.oracle import AppliedUpdate, OracleTimeline, OracleUpdate
+from kame.frontend.rows import RowsUnsupported, RowViews, row_buckets
 from kame.frontend.sampling import GenerationConfig, Sampling, SlotSampler
 
 logger = logging.getLogger(__name__)
@@ -54,6 +60,7 @@ class BatchedEngine:
         batch_size: int,
         gen: GenerationConfig | None = None,
         compile: bool | None = None,
+        compact: bool = True,
     ) -> None:
         if batch_size < 1:
             raise EngineError("batch_size must be at least 1")
@@ -77,20 +84,52 @@ class BatchedEngine:
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(frontend.mimi.streaming(batch_size))
         self._stack.enter_context(self.lm_gen.streaming(batch_size))
-        self._state = self.lm_gen._streaming_state
         self._base_condition = self._state.condition_sum  # a conditioned model's own sum, if any
+        self._rows = self._row_views(compact)
+        self._bucket = row_buckets(batch_size, self.device.type == "cuda")
         self._timelines = [
             OracleTimeline(lm.text_initial_token_id, lm.text_padding_token_id) for _ in range(batch_size)
         ]
         self._frames = [0] * batch_size
         self._pending: list[deque[OracleUpdate]] = [deque() for _ in range(batch_size)]
         self._active: set[int] = set()
+        self._row_of: dict[int, int] = {}  # acquired slot -> its row of the batch
+        self._slot_at: list[int | None] = [None] * batch_size  # row -> the slot it holds
+
+    def _row_views(self, compact: bool) -> RowViews | None:
+        """Views by rows of the model's streaming state, or None: every step runs the whole batch (asked
+        for, or a state this moshi has that rows.py does not know)."""
+        if not compact or self.batch_size == 1:
+            return None
+        if self.gen.cfg_coef != 1.0:  # guidance doubles the LM's batch: its rows are not the first n
+            logger.info("classifier-free guidance: each step runs all %d slots", self.batch_size)
+            return None
+        try:
+            return RowViews([self.frontend.mimi, self.lm_gen, self.frontend.lm], self.batch_size)
+        except RowsUnsupported as exc:
+            logger.warning("each step runs all %d slots (%s)", self.batch_size, exc)
+            return None
+
+    @property
+    def _state(self):
+        """The LM generator's streaming state now installed (a view of the first rows, or the batch)."""
+        return self.lm_gen._streaming_state
+
+    @property
+    def compact(self) -> bool:
+        """True when a step costs the live rows only (False: the whole batch)."""
+        return self._rows is not None
 
     # -------------------------------------------------------------- slots
 
     @property
     def free_slots(self) -> int:
         return self.batch_size - len(self._active)
+
+    @property
+    def live_rows(self) -> int:
+        """Rows a step runs now: the sessions, rounded up to a view size (the batch without views)."""
+        return self._bucket(len(self._active)) if self._rows is not None else self.batch_size
 
     def acquire(self, sampling: Sampling | None = None) -> int:
         """Take a free slot, reset to a clean start (codec, LM and oracle state), sampling as asked
@@ -99,9 +138,11 @@ class BatchedEngine:
         if not free:
             raise SlotsBusy(f"all {self.batch_size} slots are in use")
         slot = free[0]
-        self.reset_slot(slot)
-        self.sampler.set(slot, sampling)
+        row = len(self._active) if self._rows is not None else slot  # the first row after the live ones
+        self._row_of[slot], self._slot_at[row] = row, slot
         self._active.add(slot)
+        self.reset_slot(slot)
+        self.sampler.set(row, sampling)
         return slot
 
     def release(self, slot: int) -> None:
@@ -109,15 +150,74 @@ class BatchedEngine:
         self._active.discard(slot)
         self._pending[slot].clear()
         self._timelines[slot].clear()
+        row = self._row_of.pop(slot)
+        self._slot_at[row] = None
+        last = len(self._active)  # the last live row, once this one has gone
+        if self._rows is not None and row != last:
+            self._move_row(last, row)
+
+    def _move_row(self, source: int, target: int) -> None:
+        """The session of row `source` moves to row `target` (its state, sampling and name)."""
+        self._rows.move_row(source, target)
+        self.sampler.move_row(source, target)
+        slot = self._slot_at[source]
+        self._slot_at[source], self._slot_at[target] = None, slot
+        self._row_of[slot] = target
 
     def reset_slot(self, slot: int) -> None:
-        mask = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
-        mask[slot] = True
-        self.frontend.mimi.reset_streaming(mask)
-        self.lm_gen.reset_streaming(mask)
+        row = self._row_of[slot]
+        n = self._view(row + 1)
+        mask = torch.zeros(n, dtype=torch.bool, device=self.device)
+        mask[row] = True
+        try:
+            self.frontend.mimi.reset_streaming(mask)
+            self.lm_gen.reset_streaming(mask)
+        finally:
+            self._sync()
         self._timelines[slot].clear()
         self._pending[slot].clear()
         self._frames[slot] = 0
+
+    def _view(self, rows: int) -> int:
+        """Install a view of at least `rows` rows (the live ones' size when larger); its size."""
+        if self._rows is None:
+            return self.batch_size
+        n = self._bucket(max(rows, len(self._active)))
+        self._rows.install(n)
+        return n
+
+    @torch.no_grad()
+    def warm_views(self) -> list[int]:
+        """Capture each view size's CUDA graphs before any session comes: every size a step can use is
+        run twice with all its rows masked (moshi leaves a masked row's state as it was); the sizes
+        warmed. Nothing to capture on a CPU, or without views, or while a session holds a slot."""
+        if self._rows is None or self.device.type != "cuda" or self._active:
+            return []
+        sizes = sorted({self._bucket(n) for n in range(1, self.batch_size + 1)})
+        padding = self.lm_gen.lm_model.text_padding_token_id
+        for n in sizes:
+            self._rows.install(n)
+            mask = torch.zeros(n, dtype=torch.bool, device=self.device)
+            pcm = torch.zeros(n, 1, FRAME_SIZE, dtype=torch.float32, device=self.device)
+            try:
+                with contextlib.nullcontext() if self._compile else no_compile():
+                    for _ in range(2):  # moshi's CUDAGraphed runs once, then captures
+                        codes = self._encode(pcm, mask)
+                        self._state.condition_sum = self.oracle_condition([padding] * n)
+                        self.lm_gen.set_exec_mask(mask)
+                        self._decode(self.lm_gen.step(codes), mask)
+            finally:
+                self._sync()
+        return sizes
+
+    def _sync(self) -> None:
+        if self._rows is not None:
+            self._rows.sync()
+
+    def sampling(self, slot: int) -> Sampling:
+        """The sampling settings the slot was acquired with."""
+        self._check_slot(slot)
+        return self.sampler.settings(self._row_of[slot])
 
     def frame_index(self, slot: int) -> int:
         """The slot's own frame counter: the index of the next frame it will step."""
@@ -146,32 +246,38 @@ class BatchedEngine:
         slots = sorted(frames)
         for slot in slots:
             self._check_slot(slot)
-        pcm = self._pcm_batch(frames)
-        mask = torch.zeros(self.batch_size, dtype=torch.bool)
-        mask[slots] = True
+        n = self._view(1)
+        rows = [self._row_of[slot] for slot in slots]
+        pcm = self._pcm_batch(frames, n)
+        mask = torch.zeros(n, dtype=torch.bool)
+        mask[rows] = True
         mask = mask.to(self.device)
         applied = {slot: self._apply_pending(slot) for slot in slots}
         padding = self.lm_gen.lm_model.text_padding_token_id
-        oracle = [self._timelines[s].token_at(self._frames[s]) if s in frames else padding
-                  for s in range(self.batch_size)]
+        oracle = [padding] * n
+        for slot, row in zip(slots, rows, strict=True):
+            oracle[row] = self._timelines[slot].token_at(self._frames[slot])
         clock = _PhaseClock(self.device, timings)
-        with contextlib.nullcontext() if self._compile else no_compile():
-            codes = self._encode(pcm, mask)
-            clock.lap("encode")
-            tokens = self._lm_step(codes, mask, oracle)
-            audio_ready = (tokens[:, 1:, 0] >= 0).all(dim=1) & mask
-            clock.lap("lm")
-            pcm_out = self._decode(tokens, audio_ready) if bool(audio_ready.any()) else None
-            clock.lap("decode")
+        try:
+            with contextlib.nullcontext() if self._compile else no_compile():
+                codes = self._encode(pcm, mask)
+                clock.lap("encode")
+                tokens = self._lm_step(codes, mask, oracle, slots)
+                audio_ready = (tokens[:, 1:, 0] >= 0).all(dim=1) & mask
+                clock.lap("lm")
+                pcm_out = self._decode(tokens, audio_ready) if bool(audio_ready.any()) else None
+                clock.lap("decode")
+        finally:
+            self._sync()
         return self._outputs(slots, tokens.cpu(), audio_ready.cpu(), pcm_out, oracle, applied)
 
-    def _pcm_batch(self, frames: Mapping[int, np.ndarray]) -> torch.Tensor:
-        pcm = torch.zeros(self.batch_size, 1, FRAME_SIZE, dtype=torch.float32)
+    def _pcm_batch(self, frames: Mapping[int, np.ndarray], n: int) -> torch.Tensor:
+        pcm = torch.zeros(n, 1, FRAME_SIZE, dtype=torch.float32)
         for slot, frame in frames.items():
             array = np.asarray(frame, dtype=np.float32)
             if array.shape != (FRAME_SIZE,):
                 raise EngineError(f"slot {slot}: a frame must be {FRAME_SIZE} samples, got shape {array.shape}")
-            pcm[slot, 0] = torch.from_numpy(array)
+            pcm[self._row_of[slot], 0] = torch.from_numpy(array)
         return pcm.to(self.device)
 
     def _apply_pending(self, slot: int) -> tuple[AppliedUpdate, ...]:
@@ -182,42 +288,46 @@ class BatchedEngine:
 
     def _encode(self, pcm: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         self.frontend.mimi.set_exec_mask(mask)
-        return self.frontend.mimi.encode(pcm)  # [B, K, 1]
+        return self.frontend.mimi.encode(pcm)  # [n, K, 1]
 
-    def _lm_step(self, codes: torch.Tensor, mask: torch.Tensor, oracle: list[int]) -> torch.Tensor:
+    def _lm_step(self, codes: torch.Tensor, mask: torch.Tensor, oracle: list[int], slots: list[int]) -> torch.Tensor:
         self._state.condition_sum = self.oracle_condition(oracle)
         self.lm_gen.set_exec_mask(mask)
-        tokens = self.lm_gen.step(codes)  # [B, 1 + dep_q, 1]; never None with out-of-sync support
+        tokens = self.lm_gen.step(codes)  # [n, 1 + dep_q, 1]; never None with out-of-sync support
         assert tokens is not None
-        for slot in torch.nonzero(mask.cpu()).flatten().tolist():
+        for slot in slots:
             self._frames[slot] += 1
         return tokens
 
     def oracle_condition(self, oracle: list[int]) -> torch.Tensor:
-        """The per-slot sum added to the LM input: oracle embedding (+ the model's own condition)."""
+        """The per-row sum added to the LM input: oracle embedding (+ the model's own condition)."""
         ids = torch.tensor(oracle, dtype=torch.long, device=self.device)
-        condition = self.frontend.oracle_emb(ids)[:, None, :]  # [B, 1, dim]
+        condition = self.frontend.oracle_emb(ids)[:, None, :]  # [n, 1, dim]
         if self.gen.cfg_coef != 1.0:
             condition = condition.repeat(2, 1, 1)
         if self._base_condition is not None:
-            condition = condition + self._base_condition.to(condition)
+            base = self._base_condition
+            if base.shape[0] > 1 and base.shape[0] != condition.shape[0]:
+                base = base[: condition.shape[0]]
+            condition = condition + base.to(condition)
         return condition
 
     def _decode(self, tokens: torch.Tensor, ready: torch.Tensor) -> torch.Tensor:
         mimi = self.frontend.mimi
         mimi.set_exec_mask(ready)
-        return mimi.decode(tokens[:, 1:].clamp(min=0))[:, 0].float().cpu()  # [B, FRAME_SIZE]
+        return mimi.decode(tokens[:, 1:].clamp(min=0))[:, 0].float().cpu()  # [n, FRAME_SIZE]
 
     def _outputs(self, slots, tokens, audio_ready, pcm_out, oracle, applied) -> list[FrameOutput]:
         outputs = []
         for slot in slots:
-            ready = bool(audio_ready[slot])
-            pcm = pcm_out[slot].numpy() if ready else np.zeros(FRAME_SIZE, dtype=np.float32)
-            text = int(tokens[slot, 0, 0])
+            row = self._row_of[slot]
+            ready = bool(audio_ready[row])
+            pcm = pcm_out[row].numpy() if ready else np.zeros(FRAME_SIZE, dtype=np.float32)
+            text = int(tokens[row, 0, 0])
             text_token = None if text < 0 or text in self._text_skip else text
-            self.sampler.record_text(slot, text_token)
+            self.sampler.record_text(row, text_token)
             frame = self._frames[slot] - 1
-            outputs.append(FrameOutput(slot, frame, pcm, ready, text_token, oracle[slot], applied[slot]))
+            outputs.append(FrameOutput(slot, frame, pcm, ready, text_token, oracle[row], applied[slot]))
         return outputs
 
     def close(self) -> None:

@@ -140,6 +140,11 @@ class EngineRunner:
             if len(done) >= frames:
                 finished.set()
 
+        warm_views = getattr(self.engine, "warm_views", None)  # each batch size's CUDA graphs, captured first
+        if warm_views is not None:
+            sizes = self._call(warm_views).result(timeout_s)
+            if sizes:
+                logger.info("captured the engine's CUDA graphs for %d batch sizes: %s", len(sizes), sizes)
         handle = self.acquire(on_output, timeout=timeout_s)
         self._warming = True  # first steps capture CUDA graphs and compile (20 s on a 7B): not an overload
         try:

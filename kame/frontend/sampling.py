@@ -88,7 +88,10 @@ SAMPLING_PARAMETERS = tuple(_RANGES)
 
 
 class SlotSampler:
-    """Per-slot temperature, top-k, repetition penalty and padding bias, applied to the LM's logits in place."""
+    """Per-row temperature, top-k, repetition penalty and padding bias, applied to the LM's logits in place.
+
+    Rows are the engine's batch rows; a step may run on the first n rows only, and the logits' batch says
+    how many: each per-row tensor is cut to it (a view, so CUDA graphs keep their addresses)."""
 
     def __init__(self, batch_size: int, device: torch.device, default: Sampling, text_padding_id: int) -> None:
         self.default, self.pad_id = default, text_padding_id
@@ -126,6 +129,11 @@ class SlotSampler:
     def settings(self, slot: int) -> Sampling:
         return self._settings[slot]
 
+    def move_row(self, source: int, target: int) -> None:
+        """Row `source`'s settings and repetition history move to row `target` (the engine's compaction)."""
+        self.set(target, self._settings[source])
+        self._recent[target].extend(self._recent[source])
+
     def record_text(self, slot: int, token: int | None) -> None:
         """A text token the slot generated (None: padding); the repetition penalty looks back on them."""
         if token is not None and slot in self._penalised:
@@ -136,15 +144,16 @@ class SlotSampler:
 
         When every slot has the same temperature and top-k, moshi's own sampling applies them."""
         rows = logits[:, 0, 0]
+        n = rows.shape[0]
         if self._penalised:
             self._apply_penalty(rows)
         if self._biased:
-            rows[:, self.pad_id] += self.pad_mult.to(rows.dtype)
+            rows[:, self.pad_id] += self.pad_mult[:n].to(rows.dtype)
         if self._uniform_text is not None:
             return self._uniform_text
         # the text path runs outside CUDA graphs: its top-k search only goes as deep as a slot asks
-        deepest = max((1 if s.text_temperature <= 0 else s.text_topk for s in self._settings), default=1)
-        rows.copy_(_shape(rows, self.text_temp, self.text_topk, deepest or TOPK_CAP))
+        deepest = max((1 if s.text_temperature <= 0 else s.text_topk for s in self._settings[:n]), default=1)
+        rows.copy_(_shape(rows, self.text_temp[:n], self.text_topk[:n], deepest or TOPK_CAP))
         return 1.0, 0
 
     def audio_logits(self, logits: torch.Tensor, graphed: bool) -> tuple[torch.Tensor, float, int]:
@@ -153,17 +162,18 @@ class SlotSampler:
         `graphed`: inside a CUDA graph, which replays what it captured: always shaped on the device."""
         if not graphed and self._uniform_audio is not None:
             return logits, *self._uniform_audio
-        return _shape(logits[:, 0, 0], self.audio_temp, self.audio_topk, TOPK_CAP)[:, None, None], 1.0, 0
+        n = logits.shape[0]
+        return _shape(logits[:, 0, 0], self.audio_temp[:n], self.audio_topk[:n], TOPK_CAP)[:, None, None], 1.0, 0
 
     def _apply_penalty(self, rows: torch.Tensor) -> None:
         seen = torch.zeros(rows.shape, dtype=torch.bool)
-        for slot in self._penalised:
-            context = self._settings[slot].repetition_penalty_context
-            recent = list(self._recent[slot])[-context:]
-            if recent:
-                seen[slot, recent] = True
+        for row in self._penalised:
+            context = self._settings[row].repetition_penalty_context
+            recent = list(self._recent[row])[-context:]
+            if recent and row < rows.shape[0]:
+                seen[row, recent] = True
         seen = seen.to(rows.device)
-        penalty = self.penalty.to(rows.dtype)[:, None]
+        penalty = self.penalty[: rows.shape[0]].to(rows.dtype)[:, None]
         # CTRL's rule: a seen token's positive logit is divided by the penalty, a negative one multiplied
         shaped = torch.where(rows > 0, rows / penalty, rows * penalty)
         rows.copy_(torch.where(seen, shaped, rows))
