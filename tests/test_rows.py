@@ -69,7 +69,8 @@ def test_sessions_that_leave_and_join_each_equal_running_alone(tiny, rng):
     """a, b, c start; b leaves from the middle row (c's row moves into its hole), d joins after, a leaves
     from the front (d's row moves); every occupant's text and audio equal running alone."""
     ticks = 24
-    frames = {name: noise_frames(rng, ticks, scale=scale) for name, scale in zip("abcd", (1, 0.3, 0.6, 0.2))}
+    scales = {"a": 1.0, "b": 0.3, "c": 0.6, "d": 0.2}
+    frames = {name: noise_frames(rng, ticks, scale=scale) for name, scale in scales.items()}
     oracles = {"a": {0: OracleUpdate.reset(0, (10, 11, 12))}, "c": {2: OracleUpdate.reset(0, (40, 41))},
                "d": {1: OracleUpdate.reset(0, (20, 21, 22, 23))}}
     joins, leaves = {0: "abc", 9: "d"}, {6: "b", 15: "a"}
