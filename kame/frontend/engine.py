@@ -28,6 +28,7 @@ from moshi.utils.sampling import sample_token
 
 from kame.audio import FRAME_SIZE, SAMPLE_RATE
 from kame.errors import EngineError, SlotsBusy
+from kame.frontend.kv_cache import KvCacheKind, int8_kv_caches
 from kame.frontend.loader import Frontend
 from kame.frontend.oracle import AppliedUpdate, OracleTimeline, OracleUpdate
 from kame.frontend.rows import RowsUnsupported, RowViews, row_buckets
@@ -61,6 +62,7 @@ class BatchedEngine:
         gen: GenerationConfig | None = None,
         compile: bool | None = None,
         compact: bool = True,
+        kv_cache: KvCacheKind = "model",
     ) -> None:
         if batch_size < 1:
             raise EngineError("batch_size must be at least 1")
@@ -83,7 +85,11 @@ class BatchedEngine:
         self._text_skip = {lm.text_padding_token_id, lm.end_of_text_padding_id}
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(frontend.mimi.streaming(batch_size))
-        self._stack.enter_context(self.lm_gen.streaming(batch_size))
+        if kv_cache not in ("model", "int8"):
+            raise EngineError(f"kv_cache must be 'model' or 'int8', not {kv_cache!r}")
+        self.kv_cache = kv_cache
+        with int8_kv_caches(lm) if kv_cache == "int8" else contextlib.nullcontext():
+            self._stack.enter_context(self.lm_gen.streaming(batch_size))
         self._base_condition = self._state.condition_sum  # a conditioned model's own sum, if any
         self._rows = self._row_views(compact)
         self._bucket = row_buckets(batch_size, self.device.type == "cuda")

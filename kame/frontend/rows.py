@@ -153,6 +153,9 @@ def _kv_fields(name: str, cache: RingKVCache, batch: int):
     if cache.cache.shape[1] != batch:
         raise RowsUnsupported(f"{name}: a KV cache of {cache.cache.shape[1]} rows, not {batch}")
     yield cache, "cache", cache.cache, 1
+    scale = getattr(cache, "scale", None)  # an int8 cache's scales (kame/frontend/kv_cache.py)
+    if scale is not None:
+        yield cache, "scale", scale, 1
     if cache.respect_exec_mask:
         yield cache, "end_offset", cache.end_offset, 0
 
