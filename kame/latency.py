@@ -24,6 +24,9 @@ from kame.session_events import (
 )
 
 RECENT_RESETS = 64  # oracle resets remembered: only recent oracles can be an answer's
+# seconds of the user's audio whose arrival times are kept: an ASR's final ends within this much of the
+# newest audio (a lag beyond it reads as this long); a bound in time, so a long session's memory stays flat
+LAG_WINDOW_S = 20.0
 
 
 class LatencyTracker:
@@ -34,7 +37,7 @@ class LatencyTracker:
         self.clock = clock
         self._pushed_at: deque[float] = deque()  # per input frame not out yet: when it was pushed
         self._latencies: deque[float] = deque(maxlen=100)
-        self._audio_at: deque[tuple[float, float]] = deque(maxlen=4000)  # (audio end s, clock time received)
+        self._audio_at: deque[tuple[float, float]] = deque()  # (audio end s, clock time received), LAG_WINDOW_S
         self._samples_in = 0
         self.frames_skipped = 0  # input frames the engine skipped to stay live
         self._newest_epoch = 0  # of the LLM attempts started so far
@@ -55,6 +58,8 @@ class LatencyTracker:
         now = self.clock.now()
         self._samples_in += samples
         self._audio_at.append((self.audio_s, now))
+        while self._audio_at[0][0] < self.audio_s - LAG_WINDOW_S:
+            self._audio_at.popleft()
         self._pushed_at.extend([now] * frames)
 
     def frame_out(self, skipped_total: int) -> tuple[float | None, FramesSkipped | None]:

@@ -23,6 +23,7 @@ from kame.backend.planner import PlannerConfig
 from kame.backend.profiles import DEFAULT_PROFILES, BackendProfile
 from kame.errors import FrontendLoadError, SessionError
 from kame.frontend.engine import BatchedEngine, NullEngine
+from kame.frontend.kv_cache import choose_kv_cache
 from kame.frontend.loader import Frontend, check_quantize, load_frontend, resolve_device
 from kame.frontend.runner import BATCH_WINDOW_S, JITTER_FRAMES, MAX_PENDING_FRAMES, EngineRunner
 from kame.frontend.step_policy import EngineClock
@@ -66,6 +67,8 @@ class RuntimeSettings:
     engine_threads: int | None = None  # torch threads of the engine thread; None: 1 on a CPU
     # True: a step runs the sessions' rows only (kame/frontend/rows.py); False: every slot, as moshi alone does
     engine_compact: bool = True
+    # the LM's KV cache: auto (the model's dtype where max_sessions of it fit on the GPU, else int8), model, int8
+    kv_cache: Literal["auto", "model", "int8"] = "auto"
     breaker_failures: int = breaker.THRESHOLD  # LLM failures in a row (per profile) that open its circuit ...
     breaker_cooldown_s: float = breaker.COOLDOWN_S  # ... for this long
     tools: Mapping[str, ToolConfig] = field(default_factory=dict)  # [tools.NAME]; empty: no tools
@@ -272,8 +275,10 @@ def _start_engine(settings: RuntimeSettings, frontend: Frontend, cuda: bool, on_
     logger.info("[2/4] starting the batched engine: %d session slots, %s clock%s", sessions, clock,
                 " (auto)" if settings.engine_clock == "auto" else "")
     try:
+        kv_cache, why = choose_kv_cache(settings.kv_cache, frontend.lm, sessions)
+        logger.info("KV cache: %s (%s)", frontend.dtype if kv_cache == "model" else kv_cache, why)
         engine = (NullEngine if settings.frontend == "null" else BatchedEngine)(
-            frontend, sessions, compact=settings.engine_compact)
+            frontend, sessions, compact=settings.engine_compact, kv_cache=kv_cache)
         threads = settings.engine_threads or (None if cuda else 1)
         runner = EngineRunner(engine, clock=clock, jitter_frames=settings.jitter_frames,
                               batch_window_s=settings.batch_window_s, max_pending_frames=settings.max_pending_frames,

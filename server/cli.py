@@ -22,6 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="int8: the front-end LM's weights in int8 through bitsandbytes (CUDA only; about half "
                             "the memory of bf16, see docs/benchmarks.md); default none")
     serve.add_argument("--max-sessions", type=int, default=None, help="session slots (default: 4 on CPU, 32 on GPU)")
+    serve.add_argument("--kv-cache", default=None, choices=["auto", "model", "int8"],
+                       help="the LM's KV cache: int8 holds half the bytes of bf16 (docs/benchmarks.md); auto (the "
+                            "default): the model's dtype where --max-sessions of it fit on the GPU, else int8")
     serve.add_argument("--asr", default=None, choices=["whisper", "kyutai-stt", "none"])
     serve.add_argument("--asr-model", default=None)
     serve.add_argument("--end-of-turn", default=None, choices=["smart-turn", "silence"],
@@ -61,7 +64,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     settings = load_settings(
         args.config, host=args.host, port=args.port, frontend=args.frontend, device=args.device,
-        quantize=args.quantize, max_sessions=args.max_sessions, asr=args.asr, asr_model=args.asr_model, llm=args.llm,
+        quantize=args.quantize, max_sessions=args.max_sessions, kv_cache=args.kv_cache, asr=args.asr,
+        asr_model=args.asr_model, llm=args.llm,
         end_of_turn=args.end_of_turn, llm_base_url=args.llm_base_url, llm_model=args.llm_model,
         llm_api_key_env=args.llm_api_key_env,
         auth_tokens=args.auth_token, record_dir=args.record, knowledge_dir=args.knowledge)

@@ -45,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     doctor.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
     doctor.add_argument("--quantize", default=None, choices=["none", "int8"])
     doctor.add_argument("--max-sessions", type=int, default=None, help="session slots wanted")
+    doctor.add_argument("--kv-cache", default=None, choices=["auto", "model", "int8"])
     doctor.add_argument("--asr", default=None, choices=["whisper", "kyutai-stt", "none"])
     doctor.add_argument("--asr-model", default=None)
     doctor.add_argument("--end-of-turn", default=None, choices=["smart-turn", "silence"])
@@ -76,7 +77,8 @@ def diagnose(args: argparse.Namespace) -> list[Check]:
     try:  # the settings kame serve would build from the same flags
         settings = load_settings(
             args.config, frontend=args.frontend, device=args.device, quantize=args.quantize,
-            max_sessions=args.max_sessions, asr=args.asr, asr_model=args.asr_model, llm=args.llm,
+            max_sessions=args.max_sessions, kv_cache=args.kv_cache, asr=args.asr, asr_model=args.asr_model,
+            llm=args.llm,
             end_of_turn=args.end_of_turn, llm_base_url=args.llm_base_url, llm_model=args.llm_model,
             llm_api_key_env=args.llm_api_key_env)
     except SettingsError as exc:
@@ -319,10 +321,15 @@ class Footprint:
         return Footprint(self.weights_bytes + other.weights_bytes, self.slot_bytes + other.slot_bytes)
 
 
-def kv_cache_bytes(lm_config: Mapping, dtype_bytes: int) -> int:
-    """One slot's KV caches (k and v): the main transformer's `context` steps, the depformer's."""
+def kv_cache_bytes(lm_config: Mapping, dtype_bytes: int, kind: str = "model") -> int:
+    """One slot's KV caches (k and v): the main transformer's `context` steps, the depformer's. `kind`
+    int8: the main transformer's values in one byte and a scale per head vector (kame/frontend/kv_cache.py)."""
     kv_dim = lm_config["dim"] // lm_config.get("kv_repeat", 1)  # grouped-query attention caches fewer heads
-    main = 2 * lm_config["num_layers"] * lm_config["context"] * kv_dim * dtype_bytes
+    if kind == "int8":
+        heads = lm_config.get("num_heads", 32) // lm_config.get("kv_repeat", 1)
+        main = 2 * lm_config["num_layers"] * lm_config["context"] * (kv_dim + heads * dtype_bytes)
+    else:
+        main = 2 * lm_config["num_layers"] * lm_config["context"] * kv_dim * dtype_bytes
     dep_q = int(lm_config.get("dep_q", MOSHI_DEP_Q))
     if dep_q == 0:
         return main
@@ -332,13 +339,13 @@ def kv_cache_bytes(lm_config: Mapping, dtype_bytes: int) -> int:
 
 
 def lm_footprint(params: int, lm_config: Mapping, weight_bytes: float, dtype_bytes: int,
-                 oracle: bool) -> Footprint:
-    """`weight_bytes` per parameter (1 for int8), `dtype_bytes` for the float tensors: the KV caches and
-    the front-end's oracle embedding ([text_card + 1, dim], kept apart from the LM)."""
+                 oracle: bool, kv: str = "model") -> Footprint:
+    """`weight_bytes` per parameter (1 for int8), `dtype_bytes` for the float tensors: the KV caches (`kv`:
+    model or int8) and the front-end's oracle embedding ([text_card + 1, dim], kept apart from the LM)."""
     weights = params * weight_bytes
     if oracle:
         weights += (lm_config["text_card"] + 1) * lm_config["dim"] * dtype_bytes
-    return Footprint(int(weights), kv_cache_bytes(lm_config, dtype_bytes))
+    return Footprint(int(weights), kv_cache_bytes(lm_config, dtype_bytes, kv))
 
 
 def sessions_that_fit(free_bytes: int, footprint: Footprint) -> int:
@@ -361,10 +368,20 @@ def sessions_check(settings: ServerSettings, machine: Machine, frontend: Probe, 
     if total is None:
         return Check("warn", "sessions", f"not estimated ({unknown}); {wanted}")
     fit = sessions_that_fit(machine.free_bytes, total)
+    kv = settings.kv_cache
+    if kv == "auto":  # as kame serve decides: the model's dtype where the slots wanted fit, else int8
+        kv = "model" if not machine.cuda or fit >= requested else "int8"
+    kv_note = ""
+    if kv == "int8":
+        model_fit = fit
+        total = _footprint(machine.cuda, int8, frontend.report, stt, "int8")
+        fit = sessions_that_fit(machine.free_bytes, total)
+        kv_note = ", int8 KV cache" + (f" (auto: {model_fit} fit with the model's)" if settings.kv_cache == "auto"
+                                       else "")
     memory = "free" if machine.cuda else "of RAM available"
     text = (f"{fit} fit in {_gb(machine.free_bytes)} {memory} (weights {'approx. ' if int8 else ''}"
             f"{_size(total.weights_bytes)}{', int8 as 1 byte a parameter' if int8 else ''}, "
-            f"{_size(total.slot_bytes)} per slot{', kyutai-stt included' if stt else ''}); {wanted}")
+            f"{_size(total.slot_bytes)} per slot{kv_note}{', kyutai-stt included' if stt else ''}); {wanted}")
     if fit == 0:
         return Check("FAIL", "sessions", f"{text}; not one slot fits beside the weights")
     if fit < requested:
@@ -372,9 +389,10 @@ def sessions_check(settings: ServerSettings, machine: Machine, frontend: Probe, 
     return Check("ok", "sessions", text)
 
 
-def _footprint(cuda: bool, int8: bool, frontend: SourceReport, stt: Probe | None) -> Footprint:
+def _footprint(cuda: bool, int8: bool, frontend: SourceReport, stt: Probe | None, kv: str = "model") -> Footprint:
     dtype_bytes = 2 if cuda else 4  # bf16 on CUDA, float32 on a CPU (the loader's default dtype)
-    total = lm_footprint(frontend.params, frontend.lm_config, 1 if int8 else dtype_bytes, dtype_bytes, oracle=True)
+    total = lm_footprint(frontend.params, frontend.lm_config, 1 if int8 else dtype_bytes, dtype_bytes, oracle=True,
+                         kv=kv)
     if stt is not None:  # the STT engine batches as many sessions, in the same memory
         total += lm_footprint(stt.report.params, stt.report.lm_config, dtype_bytes, dtype_bytes, oracle=False)
     return total

@@ -169,6 +169,7 @@ class ServerSettings(BaseSettings):
     batch_window_ms: float = Field(RuntimeSettings.batch_window_s * 1000, ge=0, le=80)
     engine_threads: int | None = Field(RuntimeSettings.engine_threads, ge=1)
     engine_compact: bool = RuntimeSettings.engine_compact
+    kv_cache: Literal["auto", "model", "int8"] = RuntimeSettings.kv_cache
     max_pending_frames: int = Field(RuntimeSettings.max_pending_frames, ge=1)
     # processes for the sessions' Opus (server/codec_process.py); None: one per 32 engine slots
     codec_processes: int | None = Field(None, ge=1)

@@ -226,10 +226,22 @@ def test_sessions_on_a_gpu_count_the_stt_model_too(capsys, fake_gpu, layouts):
 
 def test_more_sessions_than_fit_warns_with_the_number_that_fits(capsys, fake_gpu):
     """Moshi 7B's shapes (random weights) in bf16 with 80 GB free: 35 slots, as computed by hand below."""
-    code, lines = doctor(capsys, "--frontend", "moshi-7b-random", "--asr", "none", "--max-sessions", "40")
+    code, lines = doctor(capsys, "--frontend", "moshi-7b-random", "--asr", "none", "--max-sessions", "40",
+                         "--kv-cache", "model")
     assert code == 0
     assert lines_of(lines, "sessions") == [("warn", "35 fit in 80.0 GB free (weights 15.6 GB, 1.6 GB per slot); "
                                                     "max_sessions 40; set --max-sessions 35 or fewer")]
+
+
+def test_auto_takes_the_int8_kv_cache_when_the_model_dtype_does_not_fit(capsys, fake_gpu):
+    """40 slots of bf16 KV do not fit in 80 GB beside the weights (35 do): auto counts the int8 cache, 70."""
+    code, lines = doctor(capsys, "--frontend", "moshi-7b-random", "--asr", "none", "--max-sessions", "40")
+    assert code == 0
+    assert lines_of(lines, "sessions") == [("ok", "70 fit in 80.0 GB free (weights 15.6 GB, 798.9 MB per slot, "
+                                                  "int8 KV cache (auto: 35 fit with the model's)); max_sessions 40")]
+    code, lines = doctor(capsys, "--frontend", "moshi-7b-random", "--asr", "none", "--max-sessions", "30")
+    assert lines_of(lines, "sessions") == [("ok", "35 fit in 80.0 GB free (weights 15.6 GB, 1.6 GB per slot); "
+                                                  "max_sessions 30")]  # they fit: bf16 stays
 
 
 MOSHI_7B = {"dim": 4096, "num_layers": 32, "context": 3000, "text_card": 32000, "dep_q": 8,
@@ -256,3 +268,7 @@ def test_the_memory_arithmetic_by_hand():
     assert int8 == Footprint(7_949_881_344, 1_573_060_608)
     assert sessions_that_fit(24_000_000_000, int8) == 8
     assert int8 + Footprint(1, 2) == Footprint(7_949_881_345, 1_573_060_610)
+    # the int8 KV cache: 2 x 32 layers x 3000 steps x (4096 one-byte values + 32 heads' bf16 scales)
+    # = 798_720_000, plus the depformer's bf16 196_608; (72e9 - 15_637_610_496) / 798_916_608 = 70.5
+    assert kv_cache_bytes(MOSHI_7B | {"num_heads": 32}, 2, "int8") == 798_916_608
+    assert sessions_that_fit(80_000_000_000, lm_footprint(7_687_729_152, MOSHI_7B, 2, 2, True, "int8")) == 70

@@ -117,3 +117,28 @@ def kv_bytes_per_slot(lm: LMModel, kind: KvCacheKind) -> int:
     entries = 2 * len(lm.transformer.layers) * heads * attention.context
     element = next(attention.parameters()).element_size()
     return entries * (dim * element if kind == "model" else dim + element)
+
+
+KV_MEMORY_SHARE = 0.85  # of the device's free memory, the most "auto" gives the KV caches (the rest: activations, ASR)
+
+
+def choose_kv_cache(kind: str, lm: LMModel, slots: int) -> tuple[KvCacheKind, str]:
+    """The cache to build for `slots` sessions and why: as set, or ("auto") the model's dtype where its
+    caches fit in KV_MEMORY_SHARE of the free device memory, int8 where only that fits (a CPU: the model's)."""
+    if kind in ("model", "int8"):
+        return kind, "chosen in the settings"  # type: ignore[return-value]
+    if kind != "auto":
+        raise ValueError(f"kv_cache must be auto, model or int8, not {kind!r}")
+    if lm.device.type != "cuda":
+        return "model", "auto: the model's dtype off a GPU"
+    free, _ = torch.cuda.mem_get_info(lm.device)
+    budget, model = KV_MEMORY_SHARE * free, slots * kv_bytes_per_slot(lm, "model")
+    if model <= budget:
+        return "model", f"auto: {slots} slots of {lm.dtype} KV cache ({_gib(model)}) fit in {_gib(free)} free"
+    int8 = slots * kv_bytes_per_slot(lm, "int8")
+    return "int8", (f"auto: {slots} slots of {lm.dtype} KV cache need {_gib(model)}, more than "
+                    f"{KV_MEMORY_SHARE:.0%} of {_gib(free)} free; int8 needs {_gib(int8)}")
+
+
+def _gib(count: float) -> str:
+    return f"{count / 2**30:.1f} GiB"

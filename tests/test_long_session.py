@@ -1,0 +1,149 @@
+"""A conversation far longer than the front-end's context: the session keeps every frame, its memory
+stays flat, and the oracle still steers what the front-end says at the end.
+
+tiny-copy attends to its last 40 frames (3.2 s; Moshi 7B: 3000, 4 minutes) and copies its oracle into
+its text. One session hears 48 s of audio (15 contexts) with four user turns, the last one 11 contexts
+in; each turn's LLM answer must come out of the front-end's text after that turn. Python's heap is
+traced over the last 22 s (the bounded structures full by then: the latency tracker keeps 20 s of
+arrivals), and the engine's ring caches are the same tensors at the end as at the start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from kame.asr.events import FinalTranscript, PartialTranscript
+from kame.backend.profiles import BackendProfile
+from kame.frontend.engine import BatchedEngine, GenerationConfig
+from kame.frontend.runner import EngineRunner
+from kame.runtime import Runtime, RuntimeSettings
+from kame.session import SessionConfig, TandemSession
+from kame.session_events import AssistantAudio, AssistantText, Transcript
+from kame.testing.fakes import ScriptedAsr
+
+from .conftest import words
+
+SECONDS = 48.0
+FRAME_S = 0.08
+TURNS = [(2.0, "what is the capital of France", "Paris is the capital."),
+         (14.0, "how many legs does a spider have", "Spiders have eight legs."),
+         (26.0, "which planet is the largest", "Jupiter is the largest planet."),
+         (38.0, "what colour is the sky", "The sky is blue today.")]
+TRACE_FROM_S = 26.0  # past the latency tracker's 20 s window and two turns: traced from here to the end
+# bytes the heap may grow over the last 22 s (275 frames, one more turn): measured 20-30 kB, the allocator's
+# noise (free lists, torch's warm-up) and a turn's records in bounded histories; one frame of PCM kept per
+# frame would be 275 x 7.7 kB = 2.1 MB, one float32 logits row of the tiny LM per frame 275 x 1 kB
+HEAP_GROWTH_LIMIT = 64 * 1024
+
+
+def _script():
+    script = []
+    for at, question, _ in TURNS:
+        script.append((at - 0.8, PartialTranscript(" ".join(question.split()[:3]), at - 1.5, at - 0.8)))
+        script.append((at, FinalTranscript(question, at - 1.5, at)))
+    return script
+
+
+class _TopicLLM:
+    """Answers the newest user line's question (a turn's partial and its final ask the same), as an LLM
+    would; records every conversation it is sent."""
+
+    name = "topic"
+    supports_tools = False
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def stream_chat(self, messages, tools=None, tool_choice=None):
+        transcript = messages[-1].content
+        self.calls.append(transcript)
+        last = transcript.split("\n")[-1].lower()
+        answer = next((answer for _, question, answer in TURNS if " ".join(question.split()[:3]) in last),
+                      "Let me think.")
+        for word in answer.split():
+            yield word + " "
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.fixture
+def runtime(tiny_copy):
+    engine = BatchedEngine(tiny_copy, batch_size=2, gen=GenerationConfig(use_sampling=False))
+    runner = EngineRunner(engine, clock="eager", batch_window_s=0.0).start()
+    rt = Runtime(RuntimeSettings(profiles={"fake": BackendProfile("fake", None, "fake-model", None)},
+                                 default_profile="fake"), tiny_copy, engine, runner, ScriptedAsr(_script()))
+    rt._llms.update(fake=_TopicLLM())
+    yield rt
+    runner.stop()
+    engine.close()
+
+
+def _rings(frontend) -> list[int]:
+    return [layer.self_attn._streaming_state.kv_cache.cache.data_ptr() for layer in frontend.lm.transformer.layers]
+
+
+@pytest.mark.slow
+def test_a_conversation_fifteen_contexts_long_keeps_steering_with_flat_memory(runtime, tiny_copy):
+    context = tiny_copy.lm.transformer.layers[0].self_attn.context
+    assert SECONDS / FRAME_S > 14 * context and TURNS[-1][0] / FRAME_S > 11 * context
+
+    async def scenario():
+        got, heap = [], {}
+        async with await TandemSession.open(runtime, SessionConfig(realtime=False)) as session:
+            rings = _rings(tiny_copy)
+
+            async def speak():
+                for index in range(int(SECONDS / FRAME_S)):
+                    if index == int(TRACE_FROM_S / FRAME_S):
+                        await settled()
+                        heap["start"] = tracemalloc.get_traced_memory()[0]
+                    session.push_pcm(np.zeros(1920, np.float32))
+                    while session.frames_in - session.frames_out > 4:  # as fast as the engine goes
+                        await asyncio.sleep(0.005)
+                await settled()
+
+            async def settled():
+                """Every frame back and the engine thread idle: nothing in flight in either thread."""
+                while session.frames_out < session.frames_in:
+                    await asyncio.sleep(0.005)
+                await asyncio.sleep(0.05)
+                gc.collect()  # moshi's recursive helpers are reference cycles: garbage, not growth
+
+            async def read():
+                async for event in session:
+                    if not isinstance(event, AssistantAudio):
+                        got.append(event)
+
+            reader = asyncio.ensure_future(read())
+            tracemalloc.start()  # from the start: what is alive at both readings was traced at both
+            try:
+                await speak()
+                heap["end"] = tracemalloc.get_traced_memory()[0]
+            finally:
+                tracemalloc.stop()
+            await asyncio.sleep(0.05)
+            reader.cancel()
+            frames = session.frames_in, session.frames_out, session.handle.dropped_frames
+            same_rings = rings == _rings(tiny_copy)
+        return got, heap, frames, same_rings
+
+    got, heap, (frames_in, frames_out, dropped), same_rings = asyncio.run(scenario())
+    assert frames_in == frames_out == int(SECONDS / FRAME_S) and dropped == 0
+    assert same_rings  # the KV rings were never reallocated: their memory is the slot's, fixed
+    growth = heap["end"] - heap["start"]
+    assert growth < HEAP_GROWTH_LIMIT, f"the session's heap grew {growth} bytes in {SECONDS - TRACE_FROM_S} s"
+
+    finals = [e for e in got if isinstance(e, Transcript) and e.final]
+    assert [e.text for e in finals] == [question for _, question, _ in TURNS]
+    texts = [(e.frame, e.text) for e in got if isinstance(e, AssistantText)]
+    for index, (at, _, answer) in enumerate(TURNS):  # from the turn's partial to the next one's
+        until = TURNS[index + 1][0] - 1.0 if index + 1 < len(TURNS) else SECONDS
+        said = words("".join(text for frame, text in texts if at - 1.0 <= frame * FRAME_S < until))
+        want = words(answer)
+        assert any(said[i: i + len(want)] == want for i in range(len(said))), f"turn {index + 1}: heard {said}"
