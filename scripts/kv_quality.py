@@ -123,7 +123,9 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     frontend = load_frontend(args.frontend, args.device, getattr(torch, args.dtype) if args.dtype else None)
-    oracle = OracleUpdate.reset(0, tuple(tokenize_words(frontend.tokenizer, ANSWER)))
+    # a preset without a tokenizer (moshi-7b-random): 40 text token ids stand for the answer
+    tokens = tokenize_words(frontend.tokenizer, ANSWER) if frontend.tokenizer else range(1000, 1040)
+    oracle = OracleUpdate.reset(0, tuple(tokens))
     frames = frames_of(args.frames)
     reference, ref_out, ref_s = run(frontend, "model", frames, oracle)
     forced = {"text": reference.text_tokens, "audio": reference.audio_tokens}
