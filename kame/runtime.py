@@ -25,6 +25,7 @@ from kame.errors import FrontendLoadError, SessionError
 from kame.frontend.engine import BatchedEngine, NullEngine
 from kame.frontend.kv_cache import choose_kv_cache
 from kame.frontend.loader import Frontend, check_quantize, load_frontend, resolve_device
+from kame.frontend.remote import RemoteEngine
 from kame.frontend.runner import BATCH_WINDOW_S, JITTER_FRAMES, MAX_PENDING_FRAMES, EngineRunner
 from kame.frontend.step_policy import EngineClock
 from kame.tools.base import Tool
@@ -113,47 +114,53 @@ class Runtime:
     asr: AsrEngine
     tools: ToolRegistry = field(default_factory=ToolRegistry)
     knowledge: Any = None  # kame.knowledge.KnowledgeBase, or None
+    remote: RemoteEngine | None = None  # a front process's connection to the engine process
     _llms: dict[str, LLMClient] = field(default_factory=dict)
 
     @classmethod
     def start(cls, settings: RuntimeSettings, on_step: Callable[[float, int], None] | None = None) -> Runtime:
         """Load and warm every model (blocking: run it off the event loop); one log line per stage."""
-        device = resolve_device(settings.device)
-        cuda = device.type == "cuda"
-        check_quantize(settings.quantize, device)  # before any download
-        source = settings.frontend or log_default_frontend(cuda)
-        logger.info("[1/4] loading front-end %s on %s", source, device)
+        frontend, engine, runner, cuda = load_engine(settings, on_step)
         try:
-            frontend = load_frontend(source, device, quantize=settings.quantize)
-        except FrontendLoadError as exc:
-            hint = f"; {OFFLINE_DEMO_HINT}" if device.type == "cpu" else ""
-            raise FrontendLoadError(f"{exc}{hint}") from exc
-        if source == "tiny-copy":
-            logger.warning("tiny-copy is an untrained demo front-end: its audio is noise, its text repeats the "
-                           "oracle. For real speech use --frontend SakanaAI/kame on a GPU.")
-        engine, runner = _start_engine(settings, frontend, cuda, on_step)
-        asr_name = settings.resolved_asr(cuda)
-        logger.info("[3/4] loading ASR %s", asr_name)
-        asr = build_asr(asr_name, settings.asr_model, settings.device, max_sessions=engine.batch_size,
-                        realtime=settings.asr_realtime, options=settings.asr_options.get(asr_name, {}))
-        if asr_name != "none":
-            started = time.perf_counter()
-            asr.warm_up()
-            logger.info("ASR warm (%.2f s)", time.perf_counter() - started)
+            asr = load_asr(settings, cuda, engine.batch_size)
+        except BaseException:
+            runner.stop()
+            engine.close()
+            raise
+        return cls(settings, frontend, engine, runner, asr)._finish()
+
+    @classmethod
+    def connect(cls, settings: RuntimeSettings, remote: RemoteEngine,
+                on_step: Callable[[float, int], None] | None = None) -> Runtime:
+        """A front process's runtime: the engine (and a GPU speech-to-text batch) are the engine process's,
+        reached through `remote` (kame/frontend/remote.py); the ASR runs here unless the host serves it."""
+        runner = remote.runner("engine")
+        runner.on_step = on_step
+        frontend = RemoteFrontend.of(remote.info.extra)
+        if "asr" in remote.runners:
+            from kame.asr.kyutai_stt import RemoteKyutaiStt
+
+            asr = RemoteKyutaiStt(remote.runner("asr"), remote.info.extra["asr"])
+            logger.info("[3/4] ASR %s, served by the engine process", asr.name)
+        else:
+            asr = load_asr(settings, frontend.device.type == "cuda", runner.engine.batch_size)
+        return cls(settings, frontend, runner.engine, runner, asr, remote=remote)._finish()
+
+    def _finish(self) -> Runtime:
+        settings = self.settings
         logger.info("[4/4] LLM backend profiles: %s; default %s", ", ".join(settings.profiles),
                     settings.default_profile)
-        runtime = cls(settings, frontend, engine, runner, asr)
         try:
-            runtime.tools = ToolRegistry.from_config(settings.tools)
-            runtime.knowledge = open_knowledge(settings.knowledge)
+            self.tools = ToolRegistry.from_config(settings.tools)
+            self.knowledge = open_knowledge(settings.knowledge)
         except BaseException:
-            runtime.close()
+            self.close()
             raise
         if settings.profiles[settings.default_profile].kind == "embedded":
             started = time.perf_counter()
-            runtime.llm(settings.default_profile).wait_ready()
+            self.llm(settings.default_profile).wait_ready()
             logger.info("embedded LLM loaded in %.1f s", time.perf_counter() - started)
-        return runtime
+        return self
 
     @property
     def profiles(self) -> Mapping[str, BackendProfile]:
@@ -215,6 +222,9 @@ class Runtime:
             self.knowledge.close()
         self.asr.close()
         self.runner.stop()
+        if self.remote is not None:
+            self.remote.close()
+            return
         self.engine.close()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -222,6 +232,65 @@ class Runtime:
     async def aclose(self) -> None:
         await self.aclose_llms()
         self.close()
+
+
+def load_engine(settings: RuntimeSettings, on_step: Callable[[float, int], None] | None = None
+                ) -> tuple[Frontend, BatchedEngine, EngineRunner, bool]:
+    """The front-end and its engine on a started, warm engine thread (stages 1 and 2); and whether on CUDA."""
+    device = resolve_device(settings.device)
+    cuda = device.type == "cuda"
+    check_quantize(settings.quantize, device)  # before any download
+    source = settings.frontend or log_default_frontend(cuda)
+    logger.info("[1/4] loading front-end %s on %s", source, device)
+    try:
+        frontend = load_frontend(source, device, quantize=settings.quantize)
+    except FrontendLoadError as exc:
+        hint = f"; {OFFLINE_DEMO_HINT}" if device.type == "cpu" else ""
+        raise FrontendLoadError(f"{exc}{hint}") from exc
+    if source == "tiny-copy":
+        logger.warning("tiny-copy is an untrained demo front-end: its audio is noise, its text repeats the "
+                       "oracle. For real speech use --frontend SakanaAI/kame on a GPU.")
+    engine, runner = _start_engine(settings, frontend, cuda, on_step)
+    return frontend, engine, runner, cuda
+
+
+def load_asr(settings: RuntimeSettings, cuda: bool, sessions: int) -> AsrEngine:
+    """Stage 3: the ASR engine, warm."""
+    asr_name = settings.resolved_asr(cuda)
+    logger.info("[3/4] loading ASR %s", asr_name)
+    asr = build_asr(asr_name, settings.asr_model, settings.device, max_sessions=sessions,
+                    realtime=settings.asr_realtime, options=settings.asr_options.get(asr_name, {}))
+    if asr_name != "none":
+        started = time.perf_counter()
+        asr.warm_up()
+        logger.info("ASR warm (%.2f s)", time.perf_counter() - started)
+    return asr
+
+
+@dataclass(frozen=True)
+class RemoteFrontend:
+    """What a front process knows of the front-end the engine process loaded: its name, device and tokenizer."""
+
+    source: str
+    device: torch.device
+    dtype: torch.dtype
+    tokenizer: Any  # sentencepiece.SentencePieceProcessor, or None
+
+    @classmethod
+    def of(cls, extra: Mapping) -> RemoteFrontend:
+        import sentencepiece
+
+        proto = extra.get("tokenizer")
+        tokenizer = sentencepiece.SentencePieceProcessor(model_proto=proto) if proto else None
+        return cls(extra["source"], torch.device(extra["device"]), getattr(torch, extra["dtype"]), tokenizer)
+
+    @staticmethod
+    def describe(frontend: Frontend) -> dict:
+        """What the engine process tells its fronts (`HostInfo.extra`) of the front-end it loaded."""
+        tokenizer = frontend.tokenizer
+        return {"source": frontend.source, "device": str(frontend.device),
+                "dtype": str(frontend.dtype).removeprefix("torch."),
+                "tokenizer": tokenizer.serialized_model_proto() if tokenizer is not None else None}
 
 
 def open_knowledge(options: KnowledgeOptions | None):

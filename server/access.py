@@ -6,6 +6,7 @@ from __future__ import annotations
 import hmac
 from collections import Counter
 from dataclasses import dataclass
+from typing import Protocol
 
 from starlette.requests import HTTPConnection
 
@@ -22,18 +23,29 @@ class Refusal:
     reason: str
 
 
+class SharedAddressCounts(Protocol):
+    """Connections per address kept for several processes at once (server/fronts.py's `SharedCounts`)."""
+
+    def admit(self, address: str, limit: int) -> bool: ...
+
+    def leave(self, address: str) -> None: ...
+
+
 class AccessControl:
-    def __init__(self, settings: ServerSettings) -> None:
+    def __init__(self, settings: ServerSettings, shared: SharedAddressCounts | None = None) -> None:
         self._tokens = [t.get_secret_value().encode() for t in settings.auth_tokens]
         self.secrets = ClientSecrets(self._tokens)  # short-lived client secrets open sessions too
         self._origins = set(settings.allowed_origins)
         self._per_ip = settings.max_connections_per_ip
-        self.connections: Counter[str] = Counter()
+        self.connections: Counter[str] = Counter()  # this process's own (with `shared`: also counted there)
+        self._shared = shared
 
     def admit(self, ws: HTTPConnection) -> Refusal | None:
         """Check the connection and, if it may enter, count it at once (no await between check and
         count, so concurrent connections cannot pass the per-address limit); `leave` when it ends."""
         refusal = self.check(ws)
+        if refusal is None and self._shared is not None and not self._shared.admit(_ip(ws), self._per_ip):
+            refusal = self._too_many()  # another process took the last place meanwhile
         if refusal is None:
             self.connections[_ip(ws)] += 1
         return refusal
@@ -45,8 +57,11 @@ class AccessControl:
         if origin is not None and not self._origin_ok(origin, ws.headers.get("host", "")):
             return Refusal(403, 1008, f"origin {origin} is not allowed")
         if self.connections[_ip(ws)] >= self._per_ip:
-            return Refusal(429, 1013, f"at most {self._per_ip} sessions per address")
+            return self._too_many()
         return None
+
+    def _too_many(self) -> Refusal:
+        return Refusal(429, 1013, f"at most {self._per_ip} sessions per address")
 
     def _token_ok(self, ws: HTTPConnection) -> bool:
         """A server token, or a client secret minted from one (`server/client_secrets.py`)."""
@@ -80,6 +95,8 @@ class AccessControl:
         self.connections[ip] -= 1
         if self.connections[ip] <= 0:
             del self.connections[ip]
+        if self._shared is not None:
+            self._shared.leave(ip)
 
 
 def _given(ws: HTTPConnection) -> str:

@@ -21,9 +21,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from kame.errors import EngineError, SessionError
 from kame.protocol import ProtocolError
 from kame.runtime import log_index_stats
-from server import client_secrets
+from server import client_secrets, fronts
 from server.access import AccessControl, Refusal
 from server.codec_process import CodecPool
+from server.fronts import FrontPlan
 from server.http_errors import error_response
 from server.live import sideband
 from server.live.adapter import LiveSession
@@ -131,13 +132,16 @@ def watch_knowledge(services: Services) -> Callable[[], None]:
 def create_app(settings: ServerSettings, services: Services | None = None,
                on_ready: Callable[[FastAPI], object] | None = None,
                health_extra: Callable[[], Awaitable[dict]] | None = None,
-               metrics_source: Callable[[], Awaitable[bytes]] | None = None) -> FastAPI:
+               metrics_source: Callable[[], Awaitable[bytes]] | None = None,
+               front: FrontPlan | None = None) -> FastAPI:
     """The app; it loads its services at start-up unless `services` are given (tests).
 
     `on_ready(app)` runs on the app's loop once the services are up (Ray replicas start their
     reporting there); `health_extra()` adds to /healthz (the cluster's replicas and readiness: a
     "status" other than "ready" answers 503); `metrics_source()` replaces /metrics' own figures
-    (the cluster's, each replica's labelled)."""
+    (the cluster's, each replica's labelled). `front`: this app is one of several front processes
+    (server/fronts.py): connections per address are counted for all, /metrics merges every front's,
+    and a sideband for a session another front holds is relayed there."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -175,14 +179,19 @@ def create_app(settings: ServerSettings, services: Services | None = None,
         return JSONResponse(health, status_code=200 if health["status"] == "ready" else 503)
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
         current: Services | None = app.state.services
         if current is None:
             return PlainTextResponse("loading\n", status_code=503)
-        body = await metrics_source() if metrics_source is not None else current.metrics.render()
+        if metrics_source is not None:
+            body = await metrics_source()
+        elif front is not None and "local" not in request.query_params:  # (a peer asks with ?local=1)
+            body = await fronts.merged_metrics(front, current.metrics.render())
+        else:
+            body = current.metrics.render()
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    access = AccessControl(settings)
+    access = AccessControl(settings, front.counts if front is not None else None)
     app.state.sessions = set()
     app.state.draining = False
 
@@ -237,6 +246,9 @@ def create_app(settings: ServerSettings, services: Services | None = None,
     @app.websocket("/v1/live/sessions/{session_id}/attach")
     async def live_sideband(ws: WebSocket, session_id: str) -> None:
         """GPT-Live's sideband: a trusted server watches and steers a running session (docs/live.md)."""
+        if (front is not None and sideband.find(app.state.sessions, session_id) is None
+                and fronts.RELAYED not in ws.headers and await fronts.relay_sideband(ws, session_id, front)):
+            return  # another front holds it: relayed there, where it is checked as any attach
         await sideband.attach(ws, session_id, app.state.sessions, access, settings.send_queue_messages)
 
     if (WEB_ROOT / "index.html").is_file():  # the browser page, after the routes above

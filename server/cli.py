@@ -22,6 +22,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="int8: the front-end LM's weights in int8 through bitsandbytes (CUDA only; about half "
                             "the memory of bf16, see docs/benchmarks.md); default none")
     serve.add_argument("--max-sessions", type=int, default=None, help="session slots (default: 4 on CPU, 32 on GPU)")
+    serve.add_argument("--fronts", type=int, default=None, metavar="N",
+                       help="N front processes (the sockets, codecs, ASR feeds and planners) sharing one engine "
+                            "process (the model and its batch) behind one port: past ~48 sessions on a GPU, one "
+                            "front per 48 (docs/scaling.md); default 0: one process for everything")
     serve.add_argument("--kv-cache", default=None, choices=["auto", "model", "int8"],
                        help="the LM's KV cache: int8 holds half the bytes of bf16 (docs/benchmarks.md); auto (the "
                             "default): the model's dtype where --max-sessions of it fit on the GPU, else int8")
@@ -56,35 +60,29 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from server.app import DrainingServer, create_app
     from server.services import Services
     from server.settings import load_settings
 
     settings = load_settings(
         args.config, host=args.host, port=args.port, frontend=args.frontend, device=args.device,
-        quantize=args.quantize, max_sessions=args.max_sessions, kv_cache=args.kv_cache, asr=args.asr,
-        asr_model=args.asr_model, llm=args.llm,
-        end_of_turn=args.end_of_turn, llm_base_url=args.llm_base_url, llm_model=args.llm_model,
-        llm_api_key_env=args.llm_api_key_env,
+        quantize=args.quantize, max_sessions=args.max_sessions, kv_cache=args.kv_cache, fronts=args.fronts,
+        asr=args.asr, asr_model=args.asr_model, llm=args.llm, end_of_turn=args.end_of_turn,
+        llm_base_url=args.llm_base_url, llm_model=args.llm_model, llm_api_key_env=args.llm_api_key_env,
         auth_tokens=args.auth_token, record_dir=args.record, knowledge_dir=args.knowledge)
     if args.ray or args.replicas or args.autoscale or args.ray_address:
+        if settings.fronts:
+            from kame.errors import KameError
+
+            raise KameError("--fronts is for one machine's server; with --ray, each replica is one process")
         return _run_ray(args, settings)
+    if settings.fronts:
+        from server.fronts import serve_with_fronts
+
+        return serve_with_fronts(settings, settings.fronts, verbose=getattr(args, "verbose", False))
     services = Services.start(settings)  # load and warm everything before the port opens
-    # uvicorn's legacy websockets implementation: its sans-io successor logs a spurious error after
-    # the HTTP 503 denial response that refuses a session when all slots are busy
-    warnings.filterwarnings("ignore", message=".*websockets.* implementation is deprecated")
     try:
-        config = uvicorn.Config(create_app(settings, services), host=settings.host, port=settings.port,
-                                log_level="info", ws="websockets", lifespan="on",
-                                # no permessage-deflate: Opus does not compress, and deflating every
-                                # frame cost both ends CPU (it showed in the host-side profile)
-                                ws_per_message_deflate=False,
-                                # Realtime events carry audio as base64 (4/3 the bytes); a frame up
-                                # to 4x that gets a clear error event, beyond it the socket closes
-                                ws_max_size=4 * (settings.max_message_bytes * 4 // 3 + 4096))
-        server = DrainingServer(config)
+        server = DrainingServer(uvicorn_config(create_app(settings, services), settings))
         # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal: let both end
         # here as a KeyboardInterrupt, so that the models are released and the exit code is 0
         signal.signal(signal.SIGTERM, _interrupt)
@@ -95,6 +93,23 @@ def run_serve(args: argparse.Namespace) -> int:
         return 0 if server.started else 1
     finally:
         services.runtime.close()  # the LLM clients were closed on the server's loop
+
+
+def uvicorn_config(app, settings):
+    """uvicorn's settings for the app (one process, or each front process)."""
+    import uvicorn
+
+    # uvicorn's legacy websockets implementation: its sans-io successor logs a spurious error after
+    # the HTTP 503 denial response that refuses a session when all slots are busy
+    warnings.filterwarnings("ignore", message=".*websockets.* implementation is deprecated")
+    return uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info", ws="websockets",
+                          lifespan="on",
+                          # no permessage-deflate: Opus does not compress, and deflating every
+                          # frame cost both ends CPU (it showed in the host-side profile)
+                          ws_per_message_deflate=False,
+                          # Realtime events carry audio as base64 (4/3 the bytes); a frame up
+                          # to 4x that gets a clear error event, beyond it the socket closes
+                          ws_max_size=4 * (settings.max_message_bytes * 4 // 3 + 4096))
 
 
 def _interrupt(signum, frame) -> None:

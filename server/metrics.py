@@ -14,6 +14,8 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from kame.audio import FRAME_S
 from kame.session_events import (
@@ -78,10 +80,12 @@ class Metrics:
                                   f"{LOOP_PROBE_S * 1000:.0f} ms (a busy or blocked loop delays every session)",
                                   buckets=_MS_BUCKETS, registry=r)
 
-    def watch_runtime(self, runtime) -> None:
-        """Read the engine's slot count and counters at each scrape."""
-        self.free_slots.set_function(lambda: runtime.runner.free_slots)
-        self.registry.register(_RunnerCollector(runtime.runner))
+    def watch_runtime(self, runtime, engine: bool = True) -> None:
+        """Read the engine's slot count and counters at each scrape (`engine=False`: a front process other
+        than the first, whose merged metrics must count the one engine once)."""
+        if engine:
+            self.free_slots.set_function(lambda: runtime.runner.free_slots)
+            self.registry.register(_RunnerCollector(runtime.runner))
 
     def on_step(self, seconds: float, batch: int) -> None:
         """Called from the engine thread after each batched step."""
@@ -159,3 +163,32 @@ class SessionMetrics:
                 m.tool_seconds.labels(tool).observe(event.elapsed_s)
         elif isinstance(event, KnowledgeRetrieval):
             m.knowledge_seconds.observe(event.elapsed_s)
+
+
+def merge_metrics(families: dict[str, list], label: str = "replica") -> bytes:
+    """Several processes' metric families (prometheus_client's, as their registries collect them) as one
+    exposition: each family once, with every process's samples, each labelled `label` with its name (Ray's
+    replicas, the front processes). prometheus_client writes the text."""
+    merged: dict[str, Metric] = {}
+    for name, metrics in sorted(families.items()):
+        for family in metrics:
+            into = merged.get(family.name)
+            if into is None:
+                into = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+            into.samples += [sample._replace(labels={label: name, **sample.labels}) for sample in family.samples]
+    return generate_latest(_Collected(list(merged.values())))
+
+
+def parse_metrics(text: str) -> list:
+    """An exposition's text back into metric families (what `merge_metrics` takes)."""
+    return list(text_string_to_metric_families(text))
+
+
+class _Collected:
+    """Metric families already collected, as prometheus_client's writer reads a registry."""
+
+    def __init__(self, families: list) -> None:
+        self.families = families
+
+    def collect(self) -> list:
+        return self.families

@@ -25,6 +25,7 @@ import signal
 import threading
 from dataclasses import dataclass
 
+from server.metrics import merge_metrics
 from server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -185,34 +186,6 @@ def build_app(settings: ServerSettings):
             return b"# the cluster's figures are unavailable: the registry did not answer\n"
 
     return create_app(settings, on_ready=on_ready, health_extra=cluster, metrics_source=cluster_metrics)
-
-
-def merge_metrics(families: dict[str, list]) -> bytes:
-    """Several replicas' metric families (prometheus_client's, as their registries collect them) as
-    one exposition: each family once, with every replica's samples, each labelled with its replica
-    (figures up to REPORT_S old). prometheus_client writes the text."""
-    from prometheus_client import generate_latest
-    from prometheus_client.metrics_core import Metric
-
-    merged: dict[str, Metric] = {}
-    for replica, metrics in sorted(families.items()):
-        for family in metrics:
-            into = merged.get(family.name)
-            if into is None:
-                into = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
-            into.samples += [sample._replace(labels={"replica": replica, **sample.labels})
-                             for sample in family.samples]
-    return generate_latest(_Collected(list(merged.values())))
-
-
-@dataclass(frozen=True)
-class _Collected:
-    """Metric families already collected, as prometheus_client's writer reads a registry."""
-
-    families: list
-
-    def collect(self) -> list:
-        return self.families
 
 
 async def _report(app, replica: str, registry) -> None:

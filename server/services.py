@@ -28,6 +28,18 @@ class Services:
         metrics.watch_runtime(runtime)
         return cls(settings, runtime, metrics)
 
+    @classmethod
+    def connect(cls, settings: ServerSettings, remote, engine_metrics: bool = True) -> Services:
+        """A front process's services (server/fronts.py): the engine is the engine process's, through
+        `remote`; `engine_metrics`: this front reports the engine's figures (one front of them does)."""
+        metrics = Metrics()
+        default, why = settings.default_profile_and_reason()
+        logger.info("default LLM backend profile: %s (%s)", default, why)
+        runtime = Runtime.connect(settings.runtime_settings(), remote,
+                                  on_step=metrics.on_step if engine_metrics else None)
+        metrics.watch_runtime(runtime, engine=engine_metrics)
+        return cls(settings, runtime, metrics)
+
     def health(self) -> dict:
         health = self.runtime.health()
         if self.settings.replica:

@@ -170,6 +170,8 @@ class ServerSettings(BaseSettings):
     engine_threads: int | None = Field(RuntimeSettings.engine_threads, ge=1)
     engine_compact: bool = RuntimeSettings.engine_compact
     kv_cache: Literal["auto", "model", "int8"] = RuntimeSettings.kv_cache
+    # front processes sharing one engine process (server/fronts.py); 0: one process holds everything
+    fronts: int = Field(0, ge=0, le=64)
     max_pending_frames: int = Field(RuntimeSettings.max_pending_frames, ge=1)
     # processes for the sessions' Opus (server/codec_process.py); None: one per 32 engine slots
     codec_processes: int | None = Field(None, ge=1)

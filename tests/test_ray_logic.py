@@ -11,7 +11,8 @@ import threading
 
 import pytest
 
-from server.ray_serve import Registry, merge_metrics, readiness, replica_ids
+from server.metrics import merge_metrics
+from server.ray_serve import Registry, readiness, replica_ids
 
 
 def details(states: list[str], target: int, autoscaling: dict | None = None) -> dict:

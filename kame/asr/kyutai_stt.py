@@ -198,6 +198,47 @@ class KyutaiSttAsr:
             self._judges.shutdown(cancel_futures=True)
 
 
+    def describe(self) -> dict:
+        """What a front process needs to run this batch's streams through the engine process (`RemoteKyutaiStt`)."""
+        return {"tokenizer": self.model.tokenizer.serialized_model_proto(), "prefix_frames": self.prefix_frames,
+                "delay_s": self.delay_s, "eot_threshold": self.options.eot_threshold, "end_of_turn": self.end_of_turn}
+
+
+@dataclass(frozen=True)
+class _Tokenizer:
+    tokenizer: object  # what a stream's PieceDecoder reads (`asr.model.tokenizer`)
+
+
+@dataclass(frozen=True)
+class _Threshold:
+    eot_threshold: float  # what a stream reads of the options
+
+
+class RemoteKyutaiStt:
+    """kyutai-stt in a front process, its batch in the engine process (kame/frontend/remote.py): the streams
+    are the same `KyutaiSttStream`s, their frames go to the host's runner (`describe()` made `info`)."""
+
+    name = "kyutai-stt"
+
+    def __init__(self, runner, info: Mapping) -> None:
+        import sentencepiece
+
+        self.runner = runner
+        self.model = _Tokenizer(sentencepiece.SentencePieceProcessor(model_proto=info["tokenizer"]))
+        self.prefix_frames, self.delay_s = info["prefix_frames"], info["delay_s"]
+        self.options = _Threshold(info["eot_threshold"])
+        self.end_of_turn = info["end_of_turn"]
+
+    def open_stream(self) -> KyutaiSttStream:
+        return KyutaiSttStream(self)
+
+    def warm_up(self) -> None:
+        """The engine process warmed the batch."""
+
+    def close(self) -> None:
+        """The batch is the engine process's."""
+
+
 class KyutaiSttStream:
     """One session on the shared STT engine; frames are re-cut to 1920 samples."""
 

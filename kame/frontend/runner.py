@@ -86,6 +86,7 @@ class EngineRunner:
         # thread cost more than they give for small models (docs/benchmarks.md): 1 is best there
         self.torch_threads = torch_threads
         self.on_step = on_step  # (seconds, batch size) after each step, on the engine thread
+        self.after_step: Callable[[], None] | None = None  # once a step's outputs are all handed out (a host's flush)
         self.frame_s = frame_s  # the tick period (one frame of audio); a longer step is an overrun
         # frames a live slot may hold at a step before it skips to live; None: never (nothing may be lost)
         self.jitter_frames = jitter_frames
@@ -164,16 +165,22 @@ class EngineRunner:
 
         `live=False`: the client sends faster than real time on purpose; its frames never skip to live.
         `sampling`: the slot's own sampling settings (None: the checkpoint's)."""
-        future = self._call(self._acquire_fn(on_output, on_error, live, sampling))
+        future = self.acquire_future(on_output, on_error, live, sampling)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
             future.add_done_callback(_release_if_acquired)  # the slot must not stay taken by nobody
             raise
 
+    def acquire_future(self, on_output: OutputCallback, on_error: ErrorCallback | None = None,
+                       live: bool = True, sampling: Sampling | None = None) -> concurrent.futures.Future:
+        """`acquire` without waiting: the future's result is the handle (a caller gone meanwhile must
+        release it: `_release_if_acquired`)."""
+        return self._call(self._acquire_fn(on_output, on_error, live, sampling))
+
     async def acquire_async(self, on_output: OutputCallback, on_error: ErrorCallback | None = None,
                             live: bool = True, sampling: Sampling | None = None) -> SlotHandle:
-        future = self._call(self._acquire_fn(on_output, on_error, live, sampling))
+        future = self.acquire_future(on_output, on_error, live, sampling)
         try:
             return await asyncio.shield(asyncio.wrap_future(future))
         except asyncio.CancelledError:
@@ -378,6 +385,7 @@ class EngineRunner:
                 self._reset_quietly(slot)
                 if inbox.on_error is not None:
                     inbox.on_error(exc)
+            self._stepped()
             return
         elapsed = time.perf_counter() - started
         self._count_overrun(elapsed)
@@ -390,6 +398,14 @@ class EngineRunner:
                 batch[output.slot][2].on_output(output)
             except Exception:  # a broken consumer must not stop the engine for the others
                 logger.exception("output callback of slot %d failed", output.slot)
+        self._stepped()
+
+    def _stepped(self) -> None:
+        if self.after_step is not None:
+            try:
+                self.after_step()
+            except Exception:
+                logger.exception("the after-step hook failed")
 
 
 def _release_if_acquired(future: concurrent.futures.Future) -> None:
