@@ -63,23 +63,31 @@ def http_base(url: str) -> str:
 
 
 def scrape(url: str) -> dict[str, float]:
-    """A few figures from the server's /metrics (the event loop's lag histogram as `lag_le_<bound>`)."""
+    """A few figures from the server's /metrics (the event loop's lag histogram as `lag_le_<bound>`); a
+    server of several processes (front processes, Ray replicas) labels each one's samples: they are summed."""
     text = urllib.request.urlopen(f"{http_base(url)}/metrics", timeout=5).read().decode()
     wanted = {"process_cpu_seconds_total": "cpu_s", "process_resident_memory_bytes": "rss_bytes",
               "kame_engine_step_seconds_sum": "step_sum", "kame_engine_step_seconds_count": "step_count",
               "kame_frames_stepped_total": "frames_stepped", "kame_event_loop_lag_seconds_sum": "lag_sum",
               "kame_event_loop_lag_seconds_count": "lag_count"}
-    figures = {}
+    figures: dict[str, float] = {}
     for line in text.splitlines():
-        match = re.match(r"^(\w+) ([0-9.e+-]+)$", line)
-        if match and match.group(1) in wanted:
-            figures[wanted[match.group(1)]] = float(match.group(2))
-        bucket = re.match(r'^kame_(event_loop_lag|frame_latency)_seconds_bucket\{le="([^"]+)"\} ([0-9.e+-]+)$', line)
-        if bucket:
-            figures[f"{HISTOGRAMS[bucket.group(1)]}_le_{bucket.group(2)}"] = float(bucket.group(3))
-        dropped = re.match(r'^kame_frames_dropped_total\{direction="(\w+)"\} ([0-9.e+-]+)$', line)
-        if dropped:
-            figures[f"dropped_{dropped.group(1)}"] = float(dropped.group(2))
+        match = re.match(r"^(\w+)(?:\{([^}]*)\})? ([0-9.e+-]+)$", line)
+        if not match:
+            continue
+        name, value = match.group(1), float(match.group(3))
+        labels = {k: v for k, v in re.findall(r'(\w+)="([^"]*)"', match.group(2) or "")
+                  if k not in ("front", "replica")}  # one process's among several: summed
+        histogram = re.match(r"^kame_(event_loop_lag|frame_latency)_seconds_bucket$", name)
+        if name in wanted and not labels:
+            key = wanted[name]
+        elif histogram and set(labels) == {"le"}:
+            key = f"{HISTOGRAMS[histogram.group(1)]}_le_{labels['le']}"
+        elif name == "kame_frames_dropped_total" and set(labels) == {"direction"}:
+            key = f"dropped_{labels['direction']}"
+        else:
+            continue
+        figures[key] = figures.get(key, 0.0) + value
     return figures
 
 

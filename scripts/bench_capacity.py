@@ -28,19 +28,25 @@ import time
 import urllib.request
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def engine_configs(slots: list[int], sessions: int) -> list[tuple[str, int, bool]]:
+def engine_configs(slots: list[int], sessions: list[int]) -> list[tuple[str, int, int, bool]]:
+    """(name, slots, sessions, compact): each session count that fits each slot count; and, for the first
+    session count on a larger server, the whole batch stepped (`compact=False`: what a step cost before)."""
     configs = []
     for count in slots:
-        configs.append((f"{count} slots", count, True))
-        if count > sessions:
-            configs.append((f"{count} slots, whole batch", count, False))
+        for index, n in enumerate(n for n in sessions if n <= count):
+            configs.append((f"{n} of {count} slots", count, n, True))
+            if index == 0 and count > n:
+                configs.append((f"{n} of {count} slots, whole batch", count, n, False))
     return configs
 
 
-def engine_round(frontend, slots: int, compact: bool, sessions: int, frames: int, warmup: int) -> list[float]:
+def engine_round(frontend, slots: int, compact: bool, sessions: int, frames: int, warmup: int,
+                 kv_cache: str = "model") -> list[float]:
     """Per-step seconds of `sessions` slots stepping on an engine of `slots`."""
     import numpy as np
     import torch
@@ -49,7 +55,9 @@ def engine_round(frontend, slots: int, compact: bool, sessions: int, frames: int
     from kame.frontend.oracle import OracleUpdate
 
     rng = np.random.default_rng(0)
-    engine = BatchedEngine(frontend, slots, compact=compact)
+    from kame.frontend.kv_cache import choose_kv_cache
+
+    engine = BatchedEngine(frontend, slots, compact=compact, kv_cache=choose_kv_cache(kv_cache, frontend.lm, slots)[0])
     try:
         acquired = [engine.acquire() for _ in range(sessions)]
         for slot in acquired:
@@ -69,35 +77,43 @@ def engine_round(frontend, slots: int, compact: bool, sessions: int, frames: int
 
 
 def run_engine(args: argparse.Namespace) -> dict:
-    import torch
-
     from kame.frontend.loader import load_frontend
 
     torch.set_num_threads(args.threads)
     frontend = load_frontend(args.frontend, args.device)
     configs = engine_configs(args.slots, args.sessions)
-    runs: dict[str, list[float]] = {name: [] for name, _, _ in configs}
+    runs: dict[str, list[float]] = {name: [] for name, *_ in configs}
+    ends: dict[str, tuple[float, float]] = {}  # the last round's first and last tenth of the frames
+    peaks: dict[str, float | None] = {}
+    cuda = frontend.device.type == "cuda"
     for round_ in range(args.rounds):
-        for name, slots, compact in configs:
-            times = engine_round(frontend, slots, compact, args.sessions, args.frames, args.warmup)
+        for name, slots, sessions, compact in configs:
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            times = engine_round(frontend, slots, compact, sessions, args.frames, args.warmup, args.kv_cache)
+            tenth = max(1, len(times) // 10)
             runs[name].append(1000 * statistics.median(times))
+            ends[name] = (1000 * statistics.median(times[:tenth]), 1000 * statistics.median(times[-tenth:]))
+            peaks[name] = round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None
             print(f"round {round_ + 1}: {name}: {runs[name][-1]:.2f} ms", file=sys.stderr, flush=True)
     base = statistics.median(runs[configs[0][0]])
-    rows = [{"config": name, "slots": slots, "compact": compact, "sessions": args.sessions,
+    rows = [{"config": name, "slots": slots, "compact": compact, "sessions": sessions,
              "step_ms_rounds": [round(v, 3) for v in runs[name]], "step_ms": round(statistics.median(runs[name]), 3),
-             "vs_first": round(statistics.median(runs[name]) / base, 3)} for name, slots, compact in configs]
+             "vs_first": round(statistics.median(runs[name]) / base, 3),
+             "first_tenth_ms": round(ends[name][0], 3), "last_tenth_ms": round(ends[name][1], 3),
+             "peak_memory_gib": peaks[name]} for name, slots, sessions, compact in configs]
     return {"part": "engine", "frontend": args.frontend, "device": str(frontend.device), "frames": args.frames,
-            "rounds": args.rounds, "torch_threads": args.threads, "rows": rows}
+            "rounds": args.rounds, "torch_threads": args.threads, "kv_cache": args.kv_cache, "rows": rows}
 
 
 def engine_markdown(result: dict) -> str:
-    lines = [f"engine alone: `{result['frontend']}` on {result['device']}, {result['rows'][0]['sessions']} "
-             f"session(s) stepping, median step of {result['frames']} frames, median of {result['rounds']} "
-             "rounds (alternated)", "",
-             "| configuration | step ms (each round) | step ms | vs the first |", "|---|---|---:|---:|"]
+    lines = [f"engine alone: `{result['frontend']}` on {result['device']} ({result['kv_cache']} KV cache), median "
+             f"step of {result['frames']} frames, median of {result['rounds']} rounds (alternated)", "",
+             "| configuration | step ms (each round) | step ms | vs the first | first / last tenth ms | peak GiB |",
+             "|---|---|---:|---:|---|---:|"]
     for r in result["rows"]:
         lines.append(f"| {r['config']} | {', '.join(map(str, r['step_ms_rounds']))} | {r['step_ms']} | "
-                     f"{r['vs_first']} |")
+                     f"{r['vs_first']} | {r['first_tenth_ms']} / {r['last_tenth_ms']} | {r['peak_memory_gib']} |")
     return "\n".join(lines)
 
 
@@ -111,7 +127,8 @@ def serve(args: argparse.Namespace, slots: int, compact: bool, port: int, log: P
     env = os.environ | {"KAME_MAX_CONNECTIONS_PER_IP": str(4 * max(slots, max(args.levels))),
                         "KAME_ENGINE_COMPACT": "true" if compact else "false"}
     command = [sys.executable, "-m", "kame.cli", "serve", "--frontend", args.frontend, "--device", args.device,
-               "--asr", "none", "--llm", "local", "--max-sessions", str(slots), "--port", str(port)]
+               "--asr", "none", "--llm", "local", "--max-sessions", str(slots), "--port", str(port),
+               "--kv-cache", args.kv_cache] + (["--fronts", str(args.fronts)] if args.fronts else [])
     server = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + args.ready_s
     while time.monotonic() < deadline:
@@ -142,7 +159,7 @@ def server_round(args: argparse.Namespace, slots: int, compact: bool, work: Path
 
 
 def run_server(args: argparse.Namespace) -> dict:
-    configs = engine_configs(args.slots, max(args.levels))
+    configs = [(name, slots, compact) for name, slots, _, compact in engine_configs(args.slots, [max(args.levels)])]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
@@ -183,7 +200,10 @@ def main() -> int:
     parser.add_argument("--frontend", default="tiny")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--slots", type=ints, default=[1, 16], help="slot counts; the first is the reference")
-    parser.add_argument("--sessions", type=int, default=1, help="engine: the sessions stepping")
+    parser.add_argument("--sessions", type=ints, default=[1], help="engine: the sessions stepping (a list)")
+    parser.add_argument("--kv-cache", default="model", choices=["model", "int8", "auto"],
+                        help="the KV cache (engine: model or int8; server: as --kv-cache)")
+    parser.add_argument("--fronts", type=int, default=0, help="server: kame serve --fronts")
     parser.add_argument("--frames", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1, help="engine: torch threads (the server's default on a CPU)")

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -54,11 +56,13 @@ def python_path(tree: Path) -> dict:
     return {"PYTHONPATH": os.pathsep.join(filter(None, (str(tree), os.environ.get("PYTHONPATH"))))}
 
 
-def start_server(asr: str, max_sessions: int, port: int, log: Path, tree: Path = ROOT) -> subprocess.Popen:
+def start_server(asr: str, max_sessions: int, port: int, log: Path, tree: Path = ROOT,
+                 fronts: int = 0) -> subprocess.Popen:
     env = os.environ | {"KAME_MAX_CONNECTIONS_PER_IP": str(4 * max_sessions)} | python_path(tree)
     server = subprocess.Popen(
         [sys.executable, "-m", "kame.cli", "serve", "--frontend", "null", "--device", "cpu", "--asr", asr,
-         "--llm", "local", "--max-sessions", str(max_sessions), "--port", str(port)],
+         "--llm", "local", "--max-sessions", str(max_sessions), "--port", str(port)]
+        + (["--fronts", str(fronts)] if fronts else []),
         stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True,
         cwd=tree)  # `python -m` puts the working directory first on the path, ahead of PYTHONPATH
     deadline = time.monotonic() + 180
@@ -91,7 +95,14 @@ def load(port: int, sessions: int, seconds: float, out: Path) -> dict:
     return json.loads(out.read_text())["levels"][0]
 
 
-def profile(server: subprocess.Popen, port: int, sessions: int, seconds: float, work: Path) -> dict:
+def profiled_pid(server: subprocess.Popen, log: Path) -> int:
+    """The process whose GIL carries the sessions: the server, or (with --fronts) its front 0."""
+    found = re.search(r"front 0 of \d+: its own loopback port \d+, pid (\d+)", log.read_text())
+    return int(found.group(1)) if found else server.pid
+
+
+def profile(server: subprocess.Popen, port: int, sessions: int, seconds: float, work: Path,
+            pid: int | None = None) -> dict:
     """py-spy's samples of the server's GIL holder while `sessions` run: the top functions by own time."""
     if shutil.which("py-spy") is None:
         sys.exit("--profile needs py-spy: pip install py-spy")
@@ -100,7 +111,7 @@ def profile(server: subprocess.Popen, port: int, sessions: int, seconds: float, 
     from client.bench import wait_for_free_slots
 
     wait_for_free_slots(f"ws://127.0.0.1:{port}/api/chat", sessions, limit_s=60)
-    spy = subprocess.Popen(["py-spy", "record", "--pid", str(server.pid), "--duration", str(int(seconds)),
+    spy = subprocess.Popen(["py-spy", "record", "--pid", str(pid or server.pid), "--duration", str(int(seconds)),
                             "--rate", str(RATE), "--format", "raw", "--output", str(raw),
                             "--threads", "--nolineno", "--gil"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)  # py-spy attached before the sessions start
@@ -148,24 +159,27 @@ def main() -> int:
     parser.add_argument("--server-tree", default=str(ROOT),
                         help="the source tree the server runs from (a worktree of an older commit, to compare; "
                              "the load generator is always this tree's)")
+    parser.add_argument("--fronts", default="0",
+                        help="comma list of `kame serve --fronts` values to compare (0: one process, the default)")
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args()
     levels = [int(level) for level in args.levels.split(",")]
     rows, profiles = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        for asr in args.asr.split(","):
-            port = free_port()
-            server = start_server(asr, max(levels), port, work / f"server-{asr}.log", Path(args.server_tree))
+        for asr, fronts in itertools.product(args.asr.split(","), [int(f) for f in args.fronts.split(",")]):
+            port, log, name = free_port(), work / f"server-{asr}-{fronts}.log", f"{asr}, fronts {fronts}"
+            server = start_server(asr, max(levels), port, log, Path(args.server_tree), fronts)
             try:
                 for sessions in levels:
                     cpu, started = tree_cpu_s(server.pid), time.monotonic()
-                    r = load(port, sessions, args.seconds, work / f"{asr}-{sessions}.json")
+                    r = load(port, sessions, args.seconds, work / f"{asr}-{fronts}-{sessions}.json")
                     all_cores = (tree_cpu_s(server.pid) - cpu) / (time.monotonic() - started)
                     out_in = 1 - r["frames_dropped"] / r["frames_sent"] if r["frames_sent"] else 0.0
                     p99 = r["round_trip_ms"]["p99"]
                     real_time = out_in >= 0.99 and p99 is not None and p99 < 160
-                    rows.append({"asr": asr, "sessions": sessions, "server_cpu_cores": r["server_cpu_cores"],
+                    rows.append({"asr": asr, "fronts": fronts, "sessions": sessions,
+                                 "server_cpu_cores": r["server_cpu_cores"],
                                  "with_children_cores": round(all_cores, 2),
                                  "cores_per_16": round(16 * all_cores / sessions, 2),
                                  "client_cpu_cores": r.get("client_cpu_cores"), "loop_lag_ms": r.get("loop_lag_ms"),
@@ -173,21 +187,22 @@ def main() -> int:
                                  "refused": r["refused"], "real_time": real_time})
                     print(json.dumps(rows[-1]), flush=True)
                 if args.profile:
-                    profiles[asr] = profile(server, port, args.profile, args.profile_seconds, work)
+                    profiles[name] = profile(server, port, args.profile, args.profile_seconds, work,
+                                             profiled_pid(server, log))
             finally:
                 stop_server(server)
     print()
-    print("| ASR | sessions | server process cores | with its children | per 16 sessions | load generator cores | "
-          "loop lag mean / p99 ms | round trip p50 / p99 ms | out / in | real time |")
-    print("|---|---:|---:|---:|---:|---:|---|---|---:|---|")
+    print("| ASR | fronts | sessions | server (front) process cores | with its children | per 16 sessions | "
+          "load generator cores | loop lag mean / p99 ms | round trip p50 / p99 ms | out / in | real time |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|---|---:|---|")
     for r in rows:
         lag, rt = r["loop_lag_ms"] or {}, r["round_trip_ms"]
-        print(f"| {r['asr']} | {r['sessions']} | {r['server_cpu_cores']} | {r['with_children_cores']} | "
-              f"{r['cores_per_16']} | "
+        print(f"| {r['asr']} | {r['fronts']} | {r['sessions']} | {r['server_cpu_cores']} | "
+              f"{r['with_children_cores']} | {r['cores_per_16']} | "
               f"{r['client_cpu_cores']} | {lag.get('mean')} / <= {lag.get('p99_under')} | {rt['p50']} / {rt['p99']} | "
               f"{r['out_in']} | {'yes' if r['real_time'] else 'no'} |")
-    for asr, found in profiles.items():
-        print(f"\nprofile, ASR {asr}, {args.profile} sessions (py-spy, the GIL holder's samples): the GIL was held "
+    for name, found in profiles.items():
+        print(f"\nprofile, ASR {name}, {args.profile} sessions (py-spy, the GIL holder's samples): the GIL was held "
               f"in {100 * found['gil_held']:.0f} % of the samples")
         print("| function | own | inclusive |")
         print("|---|---:|---:|")

@@ -1,6 +1,19 @@
 #!/usr/bin/env bash
 # GPU benchmark in one command (about 9 minutes on one H200), inside a time budget (GPU_BENCH_BUDGET_S, default
-# 540 s: each pass gets what is left, the most valuable first, and the report is written whatever ran):
+# 540 s: each pass gets what is left, the most valuable first, and the report is written whatever ran).
+# GPU_BENCH_SET=capacity (the default; issue #43) runs the checks only a GPU can make, then the capacity passes:
+#  C1 capacity: kame serve of 128 slots (KV cache auto: int8 where bf16 does not fit) with 2 front processes,
+#     under 32/64/96/128 real-time sessions from 8 load processes: frames back, round trip p50/p99, engine
+#     step, the server's cores (fronts, engine and codec processes), GPU memory (nvidia-smi's peak);
+#  C2 rows: the engine alone, 1 session on 1 slot against 1, 8 and 32 sessions on 128 slots (and 1 on 128
+#     stepping the whole batch, as before), int8 KV cache: what a step costs per talking session;
+#  C3 profile: one step at batch 64 and 128 (bf16 and int8 KV) by phase (Mimi encode, main transformer,
+#     depformer, Mimi decode), its top operators and kernel launches (scripts/profile_step.py);
+#  C4 host: the host side alone (--frontend null) at 64/128/192 sessions, one process against 2 fronts;
+#  C5 kv-quality: bf16 against int8 KV on the 7B, teacher-forced over 300 frames (scripts/kv_quality.py);
+#  C6 one-of-many: the whole server's round trip for one session on 128 slots against 1 slot;
+#  C7 long: one slot for 6000 frames (past the 3000-frame context): step time early and late, peak memory.
+# GPU_BENCH_SET=all: the earlier passes instead (measured 2026-12-04, docs/benchmarks.md "GPU"):
 #  1. the checks only a GPU can make (tests/test_gpu.py: CUDA graphs with per-session sampling, int8, a
 #     Kyutai-layout checkpoint read onto CUDA);
 #  2. the front-end engine: Moshi 7B architecture (random weights), bf16, CUDA graphs, batch 1/8/32/64;
@@ -28,16 +41,23 @@ BUDGET=${GPU_BENCH_BUDGET_S:-540}
 left() { echo $((BUDGET - (SECONDS - STARTED))); }
 # a pass's limit: its own, or what is left of the budget less 25 s for the report; 0 when nothing is left
 limit() { local l=$(( $(left) - 25 )); [ "$l" -lt "$1" ] || l=$1; [ "$l" -gt 0 ] || l=0; echo "$l"; }
-# GPU_BENCH_SKIP=frontend,train,...: passes left out (a rerun of what failed): gpu-tests, frontend, load, train,
+# GPU_BENCH_SKIP=frontend,train,...: passes left out (a rerun of what failed): capacity, rows, profile, host,
+# kv-quality, one-of-many, long; gpu-tests, frontend, load, train,
 # load-eager, int8, host
 skip() { [[ ",${GPU_BENCH_SKIP:-}," == *",$1,"* ]]; }
+SET=${GPU_BENCH_SET:-capacity}
 if [ "${GPU_BENCH_DRY:-0}" = 1 ]; then
     MODEL=tiny; DEVICE=cpu; SESSIONS=4; CLIENTS=1; TRAIN=(--dry-run); HOST_LEVELS=2,4; HOST_PROFILE=4
+    CAP_SLOTS=4; CAP_LEVELS=2,4; CAP_CLIENTS=1; CAP_FRONTS=2; ROWS_SESSIONS=1,2; PROFILE_BATCHES=2,4
+    CAP_HOST_LEVELS=2,4; KVQ_FRAMES=60; LONG_FRAMES=200
 else
     # the load generator carries ~30 sessions per process (its Opus encoding holds the GIL): 64 need several,
     # else it, not the server, is what saturates (one process did at 64 on the H200, 2026-12-04)
     MODEL=moshi-7b-random; DEVICE=cuda; SESSIONS=64; CLIENTS=4; HOST_LEVELS=16,32,64,128; HOST_PROFILE=64
     TRAIN=(--frontend $MODEL --lora-rank 16 --steps 12 --chunk 512 --device $DEVICE)
+    # 128 sessions: ~30 per load process, and the host side split over 2 fronts (docs/scaling.md)
+    CAP_SLOTS=128; CAP_LEVELS=32,64,96,128; CAP_CLIENTS=8; CAP_FRONTS=2; ROWS_SESSIONS=1,8,32
+    PROFILE_BATCHES=64,128; CAP_HOST_LEVELS=64,128,192; KVQ_FRAMES=300; LONG_FRAMES=6000
 fi
 if [ -d .whl ]; then  # offline: the image's python3 and torch, the rest from the wheels beside the code
     SITE=${KAME_SITE:-/tmp/kame-site}
@@ -47,7 +67,7 @@ if [ -d .whl ]; then  # offline: the image's python3 and torch, the rest from th
 else
     python3 -m venv .venv-gpu && . .venv-gpu/bin/activate
     pip install -q -e ".[train]" 2>&1 | tail -2  # bitsandbytes (for --quantize int8) comes with moshi on Linux
-    pip install -q pytest pytest-timeout hypothesis 2>&1 | tail -1
+    pip install -q pytest pytest-timeout hypothesis py-spy 2>&1 | tail -1
 fi
 python3 -c "import sys, torch, moshi, fastapi; print('python', sys.version.split()[0], 'torch', torch.__version__, \
 'cuda', torch.version.cuda, 'moshi', moshi.__version__)" | tee "$OUT/versions.txt"
@@ -61,10 +81,65 @@ fi
 skip gpu-tests || timeout "$(limit 150)" python3 -m pytest -q -p no:cacheprovider -p no:xdist -m gpu tests/test_gpu.py 2>&1 \
     | tee "$OUT/gpu-tests.txt" | tail -5 || true
 
+PORT=18999
+if [ "$SET" = capacity ]; then
+# C1. 128 sessions of the 7B on one card: kame serve with 2 fronts, KV cache auto; GPU memory sampled meanwhile
+if ! skip capacity && [ "$(limit 260)" -gt 60 ]; then
+    until=$((SECONDS + $(limit 260)))
+    KAME_MAX_CONNECTIONS_PER_IP=$((4 * CAP_SLOTS)) kame serve --frontend $MODEL --device $DEVICE --asr none \
+        --llm local --max-sessions $CAP_SLOTS --kv-cache auto --fronts $CAP_FRONTS --port $PORT \
+        >"$OUT/serve-capacity.log" 2>&1 &
+    SERVER=$!
+    trap 'kill -INT $SERVER 2>/dev/null || true' EXIT
+    while [ $SECONDS -lt $until ] && ! curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1; do
+        kill -0 $SERVER 2>/dev/null || break
+        sleep 1
+    done
+    echo "capacity: server ready after $((SECONDS + $(limit 260) - until)) s" | tee "$OUT/capacity.md"
+    grep -E "KV cache|captured|fronts" "$OUT/serve-capacity.log" | tee -a "$OUT/capacity.md" || true
+    if [ "$DEVICE" = cuda ]; then
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 >"$OUT/capacity-gpu-mem.txt" &
+        SMI=$!
+    fi
+    timeout $((until - SECONDS > 1 ? until - SECONDS : 1)) kame bench load --url "ws://127.0.0.1:$PORT/api/chat" \
+        --levels $CAP_LEVELS --seconds 10 --processes $CAP_CLIENTS --server-pid $SERVER \
+        --json-out "$OUT/capacity.json" | tee -a "$OUT/capacity.md" || true
+    if [ "$DEVICE" = cuda ]; then
+        kill $SMI 2>/dev/null || true
+        echo "GPU memory used, peak: $(sort -n "$OUT/capacity-gpu-mem.txt" | tail -1) MiB" | tee -a "$OUT/capacity.md"
+    fi
+    kill -INT $SERVER 2>/dev/null; timeout 40 tail --pid=$SERVER -f /dev/null || kill -9 $SERVER 2>/dev/null || true
+    trap - EXIT
+fi
+# C2. what a step costs per talking session: 1 of 1 slot against 1, 8, 32 of 128 (int8 KV: 128 bf16 do not fit)
+skip rows || timeout "$(limit 170)" python3 scripts/bench_capacity.py engine --frontend $MODEL --device $DEVICE \
+    --slots 1,$CAP_SLOTS --sessions $ROWS_SESSIONS --kv-cache int8 --frames 50 --warmup 10 --rounds 1 --threads 4 \
+    --json-out "$OUT/rows.json" 2>"$OUT/rows.log" | tee "$OUT/rows.md" || true
+# C3. one step at large batch, by phase, with its top operators
+skip profile || timeout "$(limit 150)" python3 scripts/profile_step.py --frontend $MODEL --device $DEVICE \
+    --batches $PROFILE_BATCHES --kv-cache model,int8 --steps 10 --json-out "$OUT/profile.json" \
+    2>"$OUT/profile.log" | tee "$OUT/profile.md" || true
+# C4. the host side alone: one process against two fronts
+skip host || [ "$(limit 150)" -lt 60 ] || timeout "$(limit 150)" python3 scripts/bench_host.py --asr none \
+    --fronts 0,$CAP_FRONTS --levels $CAP_HOST_LEVELS --seconds 8 --profile "${CAP_HOST_LEVELS##*,}" \
+    --json-out "$OUT/host.json" 2>"$OUT/host.log" | tee "$OUT/host.md" || true
+# C5. the int8 KV cache's cost in quality on the 7B (bf16 reference, teacher-forced)
+skip kv-quality || timeout "$(limit 120)" python3 scripts/kv_quality.py --frontend $MODEL --device $DEVICE \
+    --frames $KVQ_FRAMES --json-out "$OUT/kv-quality.json" 2>"$OUT/kv-quality.log" | tee "$OUT/kv-quality.md" || true
+# C6. the whole server's round trip for one session: 1 slot against 128
+skip one-of-many || [ "$(limit 220)" -lt 120 ] || timeout "$(limit 220)" python3 scripts/bench_capacity.py server \
+    --frontend $MODEL --device $DEVICE --slots 1,$CAP_SLOTS --levels 1 --kv-cache int8 --rounds 1 --seconds 10 \
+    --json-out "$OUT/one-of-many.json" 2>"$OUT/one-of-many.log" | tee "$OUT/one-of-many.md" || true
+# C7. one slot far past its context: step time early and late, memory flat
+skip long || timeout "$(limit 150)" python3 scripts/bench_capacity.py engine --frontend $MODEL --device $DEVICE \
+    --slots 1 --sessions 1 --frames $LONG_FRAMES --warmup 0 --rounds 1 --json-out "$OUT/long.json" \
+    2>"$OUT/long.log" | tee "$OUT/long.md" || true
+fi
+
+if [ "$SET" = all ]; then
 # 2. the front-end engine on its own
 skip frontend || timeout "$(limit 170)" kame bench frontend --frontend $MODEL --device $DEVICE --batch-sizes 1,8,32,64 \
     --frames 50 --warmup 10 --json-out "$OUT/frontend.json" 2>"$OUT/frontend.log" | tee "$OUT/frontend.md" || true
-PORT=18999
 load_run() {  # NAME CLOCK LEVELS LIMIT_S: kame serve on the model with that clock, then bench load
     if skip "$1"; then return; fi
     local budget; budget=$(limit "$4")
@@ -190,6 +265,8 @@ PY
     cat "$OUT/real/summary.md"
 fi
 
+fi  # GPU_BENCH_SET=all
+
 section() {  # TITLE FILE [PATTERN]: a file's table lines (or all of it) under a heading, or why it is missing
     echo; echo "## $1"; echo
     if [ -s "$2" ]; then grep -E "${3:-.}" "$2" || echo "(no table: see $(basename "$2"))"; else echo "(not run)"; fi
@@ -198,6 +275,15 @@ section() {  # TITLE FILE [PATTERN]: a file's table lines (or all of it) under a
   echo "# GPU benchmark ($(cat "$OUT/gpu.txt"))"
   echo; cat "$OUT/versions.txt"; echo; echo "whole run: $((SECONDS - STARTED)) s of a $BUDGET s budget"
   section "GPU tests" "$OUT/gpu-tests.txt" 'passed|failed|skipped|error'
+  if [ "$SET" = capacity ]; then
+    section "Capacity: $CAP_SLOTS slots, $CAP_FRONTS fronts, KV cache auto" "$OUT/capacity.md" '^\||ready|KV cache|GPU memory|largest'
+    section "A step per talking session (engine alone)" "$OUT/rows.md" '^\||^engine'
+    section "One step at large batch, by phase" "$OUT/profile.md"
+    section "Host side alone: one process against fronts" "$OUT/host.md" '^\||^profile'
+    section "int8 KV cache against bf16 (teacher-forced)" "$OUT/kv-quality.md"
+    section "One session on $CAP_SLOTS slots against 1 (whole server)" "$OUT/one-of-many.md" '^\||^whole'
+    section "One slot past its context" "$OUT/long.md" '^\||^engine'
+  fi
   section "Front-end engine" "$OUT/frontend.md" '^\||^front-end'
   section "Front-end engine, int8" "$OUT/frontend-int8.md" '^\||^front-end|skipped'
   section "Sessions that fit (95 % of the card)" "$OUT/fit.md"

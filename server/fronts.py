@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import os
 import secrets
 import signal
 import socket
@@ -203,7 +204,8 @@ def front_main(settings: ServerSettings, public: socket.socket, private: socket.
     from server.services import Services
 
     _configure_logging(verbose, f"front {plan.index}")
-    logger.info("front %d of %d: its own loopback port %d", plan.index, plan.count, private.getsockname()[1])
+    logger.info("front %d of %d: its own loopback port %d, pid %d", plan.index, plan.count, private.getsockname()[1],
+                os.getpid())
     remote = RemoteEngine(plan.address, plan.authkey)
     services = Services.connect(settings, remote, engine_metrics=plan.index == 0)
     try:

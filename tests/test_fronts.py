@@ -71,7 +71,7 @@ def fronts(tmp_path_factory):
     deadline, privates = time.monotonic() + 180, {}
     while time.monotonic() < deadline and (len(privates) < 2 or _get(f"http://127.0.0.1:{port}/healthz")[0] != 200):
         assert process.poll() is None, log.read_text()[-3000:]
-        privates = {int(i): int(p) for i, p in re.findall(r"front (\d) of 2: its own loopback port (\d+)",
+        privates = {int(i): int(p) for i, p in re.findall(r"front (\d) of 2: its own loopback port (\d+), pid",
                                                            log.read_text())}
         time.sleep(0.5)
     assert len(privates) == 2, log.read_text()[-3000:]

@@ -75,3 +75,32 @@ def test_a_kyutai_layout_checkpoint_loads_onto_the_gpu_tensor_by_tensor(tmp_path
     peak = torch.cuda.max_memory_allocated()
     assert lm_bytes > 100 * 2**20
     assert peak < 1.5 * lm_bytes + resident + 96 * 2**20, (peak, lm_bytes, resident)
+
+
+@pytest.fixture(scope="module")
+def tiny_copy_cuda():
+    return load_frontend("tiny-copy", "cuda", dtype=torch.float32)
+
+
+@pytest.mark.parametrize("kv_cache", ["model", "int8"])
+def test_sessions_keep_their_oracle_through_moves_inside_cuda_graphs(tiny_copy_cuda, kv_cache):
+    """tiny-copy under CUDA graphs, one graph set per view size: a session whose row moves while it copies
+    its oracle, and one that joins after, copy theirs exactly (with either KV cache)."""
+    from .test_rows import copy_through_moves
+
+    for name, (said, oracle) in copy_through_moves(tiny_copy_cuda, kv_cache).items():
+        assert said[: len(oracle)] == oracle, name
+
+
+def test_every_view_size_is_captured_before_any_session(tiny_cuda, rng):
+    engine = BatchedEngine(tiny_cuda, batch_size=8, gen=GenerationConfig(use_sampling=False))
+    try:
+        assert engine.warm_views() == [1, 2, 4, 8]
+        graphs = {n: states[1][""].graphed_main for n, (states, _) in engine._rows._views.items()}
+        assert sorted(graphs) == [1, 2, 4, 8] and all(g._graph is not None for g in graphs.values())
+        slots = [engine.acquire() for _ in range(3)]
+        for frame in noise_frames(rng, 3):
+            engine.step({slot: frame for slot in slots})
+        assert engine._state.batch_size == 4 and engine._state.graphed_main is graphs[4]  # replayed, not recaptured
+    finally:
+        engine.close()
