@@ -66,10 +66,10 @@ class PhaseTimer:
 
 def _lm_gen_states(engine: BatchedEngine) -> list:
     """The LM generator's state of every view size the engine may install (or its only one)."""
-    views = engine._rows
+    views = engine._rows.views
     if views is None:
         return [engine.lm_gen._streaming_state]
-    for n in sorted({engine._bucket(k) for k in range(1, engine.batch_size + 1)}):
+    for n in engine._rows.sizes():
         views.install(n)
     return [states[1][""] for states, _ in views._views.values()]
 

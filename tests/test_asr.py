@@ -150,3 +150,31 @@ def test_transcribe_cli(capsys):
     assert lines[-1]["type"] == "final" and words(lines[-1]["text"]) == words("What is the capital of France?")
     assert any(line["type"] == "partial" for line in lines)
     assert all(0 <= line["start_s"] <= line["end_s"] <= 1.8 for line in lines)
+
+
+def test_kyutai_stt_steps_its_streams_rows_only_and_a_moved_stream_hears_as_alone(rng):
+    """The STT batch runs its streams' rows only (kame/frontend/rows.py): a stream whose row moves when
+    another leaves gets the text tokens it gets alone."""
+    from kame.asr.kyutai_stt import SttBatch
+    from kame.frontend.loader import load_frontend
+
+    model = load_frontend("tiny-stt", "cpu", role="stt")
+    frames = {name: [(rng.standard_normal(1920) * scale).astype(np.float32) for _ in range(16)]
+              for name, scale in (("a", 0.3), ("b", 0.1))}
+
+    def run(batch_size: int, names: str, leave_at: int | None) -> list:
+        batch = SttBatch(model, batch_size, eot_head=0)
+        try:
+            slots = {name: batch.acquire() for name in names}
+            got = []
+            for tick in range(16):
+                if tick == leave_at:
+                    batch.release(slots.pop("a"))
+                outs = batch.step({slot: frames[name][tick] for name, slot in slots.items()})
+                got += [o.text_token for o in outs if o.slot == slots["b"]]
+                assert batch.lm_gen._streaming_state.batch_size == len(slots)
+            return got
+        finally:
+            batch.close()
+
+    assert run(4, "ab", leave_at=6) == run(1, "b", leave_at=None)

@@ -96,7 +96,7 @@ def test_every_view_size_is_captured_before_any_session(tiny_cuda, rng):
     engine = BatchedEngine(tiny_cuda, batch_size=8, gen=GenerationConfig(use_sampling=False))
     try:
         assert engine.warm_views() == [1, 2, 4, 8]
-        graphs = {n: states[1][""].graphed_main for n, (states, _) in engine._rows._views.items()}
+        graphs = {n: states[1][""].graphed_main for n, (states, _) in engine._rows.views._views.items()}
         assert sorted(graphs) == [1, 2, 4, 8] and all(g._graph is not None for g in graphs.values())
         slots = [engine.acquire() for _ in range(3)]
         for frame in noise_frames(rng, 3):

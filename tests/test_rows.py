@@ -156,7 +156,7 @@ def test_a_move_copies_every_row_state(tiny):
     """move_row copies each batched tensor's row (KV caches on their axis 1), nothing else."""
     engine = BatchedEngine(tiny, batch_size=3, gen=GREEDY)
     try:
-        views = engine._rows
+        views = engine._rows.views
         for tensor, _ in views._tensors:
             if tensor.dtype.is_floating_point:
                 tensor.normal_()

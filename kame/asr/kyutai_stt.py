@@ -35,6 +35,7 @@ from kame.errors import EngineError
 from kame.frontend.engine import FRAME_RATE, FRAME_SIZE
 from kame.frontend.loader import Frontend, load_frontend
 from kame.frontend.oracle import PieceDecoder
+from kame.frontend.rows import SlotRows, row_views
 from kame.frontend.runner import EngineRunner
 from kame.queues import post
 
@@ -71,8 +72,9 @@ class SttBatch:
     """The synchronous batched step of the STT model (the shape `EngineRunner` drives)."""
 
     def __init__(self, model: Frontend, batch_size: int, eot_head: int,
-                 pause_rule: Callable[[], SilenceEndOfTurn] | None = None) -> None:
-        """`pause_rule`: where the model has no end-of-turn head, a new rule per stream."""
+                 pause_rule: Callable[[], SilenceEndOfTurn] | None = None, compact: bool = True) -> None:
+        """`pause_rule`: where the model has no end-of-turn head, a new rule per stream. `compact`: a step
+        runs the streams' rows only, not every slot (kame/frontend/rows.py)."""
         self.model, self.batch_size, self.eot_head = model, batch_size, eot_head
         self._pause_rule = pause_rule
         self._pauses: dict[int, SilenceEndOfTurn] = {}
@@ -81,6 +83,8 @@ class SttBatch:
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(model.mimi.streaming(batch_size))
         self._stack.enter_context(self.lm_gen.streaming(batch_size))
+        views = row_views([model.mimi, self.lm_gen, model.lm], batch_size, compact, "kyutai-stt")
+        self._rows = SlotRows(batch_size, views, self.device.type == "cuda")
         self._active: set[int] = set()
         self._frames = [0] * batch_size
         self._skip = {model.lm.text_padding_token_id, model.lm.end_of_text_padding_id}
@@ -93,45 +97,58 @@ class SttBatch:
         free = [s for s in range(self.batch_size) if s not in self._active]
         if not free:
             raise EngineError(f"all {self.batch_size} ASR slots are in use")
-        self.reset_slot(free[0])
+        self._rows.take(free[0])
         self._active.add(free[0])
+        self.reset_slot(free[0])
         return free[0]
 
     def reset_slot(self, slot: int) -> None:
         """A clean start for the slot: on acquire, and after a failed step (the runner calls it)."""
-        mask = torch.zeros(self.batch_size, dtype=torch.bool, device=self.device)
-        mask[slot] = True
-        self.model.mimi.reset_streaming(mask)
-        self.lm_gen.reset_streaming(mask)
+        row = self._rows.row(slot)
+        n = self._rows.view(row + 1)
+        mask = torch.zeros(n, dtype=torch.bool, device=self.device)
+        mask[row] = True
+        try:
+            self.model.mimi.reset_streaming(mask)
+            self.lm_gen.reset_streaming(mask)
+        finally:
+            self._rows.sync()
         self._frames[slot] = 0
         if self._pause_rule is not None:
             self._pauses[slot] = self._pause_rule()
 
     def release(self, slot: int) -> None:
-        self._active.discard(slot)
+        if slot in self._active:
+            self._active.discard(slot)
+            self._rows.release(slot)  # the last live row moves into its hole (the pause rules are by slot)
 
     def push_oracle(self, slot: int, update) -> None:
         raise EngineError("the STT model takes no oracle")
 
     @torch.no_grad()
     def step(self, frames: Mapping[int, np.ndarray], timings: dict | None = None) -> list[SttFrame]:
-        mask = torch.zeros(self.batch_size, dtype=torch.bool)
-        mask[sorted(frames)] = True
+        n = self._rows.view()
+        rows = {slot: self._rows.row(slot) for slot in frames}
+        mask = torch.zeros(n, dtype=torch.bool)
+        mask[list(rows.values())] = True
         mask = mask.to(self.device)
-        pcm = torch.zeros(self.batch_size, 1, FRAME_SIZE)
+        pcm = torch.zeros(n, 1, FRAME_SIZE)
         for slot, frame in frames.items():
-            pcm[slot, 0] = torch.from_numpy(np.asarray(frame, dtype=np.float32))
-        with no_compile():
-            self.model.mimi.set_exec_mask(mask)
-            codes = self.model.mimi.encode(pcm.to(self.device))
-            self.lm_gen.set_exec_mask(mask)
-            tokens, heads = self.lm_gen.step_with_extra_heads(codes)
+            pcm[rows[slot], 0] = torch.from_numpy(np.asarray(frame, dtype=np.float32))
+        try:
+            with no_compile():
+                self.model.mimi.set_exec_mask(mask)
+                codes = self.model.mimi.encode(pcm.to(self.device))
+                self.lm_gen.set_exec_mask(mask)
+                tokens, heads = self.lm_gen.step_with_extra_heads(codes)
+        finally:
+            self._rows.sync()
         text = tokens[:, 0, 0].cpu().tolist()
         eot = heads[self.eot_head][:, 0, 0].float().cpu().tolist() if len(heads) > self.eot_head else None
         outputs = []
         for slot in sorted(frames):
-            token = text[slot]
-            end = eot[slot] if eot else self._pauses[slot](frames[slot]) if self._pauses else 0.0
+            token = text[rows[slot]]
+            end = eot[rows[slot]] if eot else self._pauses[slot](frames[slot]) if self._pauses else 0.0
             outputs.append(SttFrame(slot, self._frames[slot], None if token < 0 or token in self._skip else token,
                                     end))
             self._frames[slot] += 1

@@ -31,7 +31,7 @@ from kame.errors import EngineError, SlotsBusy
 from kame.frontend.kv_cache import KvCacheKind, int8_kv_caches
 from kame.frontend.loader import Frontend
 from kame.frontend.oracle import AppliedUpdate, OracleTimeline, OracleUpdate
-from kame.frontend.rows import RowsUnsupported, RowViews, row_buckets
+from kame.frontend.rows import SlotRows, row_views
 from kame.frontend.sampling import GenerationConfig, Sampling, SlotSampler
 
 logger = logging.getLogger(__name__)
@@ -91,30 +91,17 @@ class BatchedEngine:
         with int8_kv_caches(lm) if kv_cache == "int8" else contextlib.nullcontext():
             self._stack.enter_context(self.lm_gen.streaming(batch_size))
         self._base_condition = self._state.condition_sum  # a conditioned model's own sum, if any
-        self._rows = self._row_views(compact)
-        self._bucket = row_buckets(batch_size, self.device.type == "cuda")
+        guided = self.gen.cfg_coef != 1.0  # guidance doubles the LM's batch: its rows are not the first n
+        if guided:
+            logger.info("classifier-free guidance: each step runs all %d slots", batch_size)
+        views = None if guided else row_views([frontend.mimi, self.lm_gen, lm], batch_size, compact, "the front-end")
+        self._rows = SlotRows(batch_size, views, self.device.type == "cuda")
         self._timelines = [
             OracleTimeline(lm.text_initial_token_id, lm.text_padding_token_id) for _ in range(batch_size)
         ]
         self._frames = [0] * batch_size
         self._pending: list[deque[OracleUpdate]] = [deque() for _ in range(batch_size)]
         self._active: set[int] = set()
-        self._row_of: dict[int, int] = {}  # acquired slot -> its row of the batch
-        self._slot_at: list[int | None] = [None] * batch_size  # row -> the slot it holds
-
-    def _row_views(self, compact: bool) -> RowViews | None:
-        """Views by rows of the model's streaming state, or None: every step runs the whole batch (asked
-        for, or a state this moshi has that rows.py does not know)."""
-        if not compact or self.batch_size == 1:
-            return None
-        if self.gen.cfg_coef != 1.0:  # guidance doubles the LM's batch: its rows are not the first n
-            logger.info("classifier-free guidance: each step runs all %d slots", self.batch_size)
-            return None
-        try:
-            return RowViews([self.frontend.mimi, self.lm_gen, self.frontend.lm], self.batch_size)
-        except RowsUnsupported as exc:
-            logger.warning("each step runs all %d slots (%s)", self.batch_size, exc)
-            return None
 
     @property
     def _state(self):
@@ -124,7 +111,7 @@ class BatchedEngine:
     @property
     def compact(self) -> bool:
         """True when a step costs the live rows only (False: the whole batch)."""
-        return self._rows is not None
+        return self._rows.views is not None
 
     # -------------------------------------------------------------- slots
 
@@ -135,7 +122,7 @@ class BatchedEngine:
     @property
     def live_rows(self) -> int:
         """Rows a step runs now: the sessions, rounded up to a view size (the batch without views)."""
-        return self._bucket(len(self._active)) if self._rows is not None else self.batch_size
+        return self._rows.view_size()
 
     def acquire(self, sampling: Sampling | None = None) -> int:
         """Take a free slot, reset to a clean start (codec, LM and oracle state), sampling as asked
@@ -144,8 +131,7 @@ class BatchedEngine:
         if not free:
             raise SlotsBusy(f"all {self.batch_size} slots are in use")
         slot = free[0]
-        row = len(self._active) if self._rows is not None else slot  # the first row after the live ones
-        self._row_of[slot], self._slot_at[row] = row, slot
+        row = self._rows.take(slot)
         self._active.add(slot)
         self.reset_slot(slot)
         self.sampler.set(row, sampling)
@@ -156,53 +142,34 @@ class BatchedEngine:
         self._active.discard(slot)
         self._pending[slot].clear()
         self._timelines[slot].clear()
-        row = self._row_of.pop(slot)
-        self._slot_at[row] = None
-        last = len(self._active)  # the last live row, once this one has gone
-        if self._rows is not None and row != last:
-            self._move_row(last, row)
-
-    def _move_row(self, source: int, target: int) -> None:
-        """The session of row `source` moves to row `target` (its state, sampling and name)."""
-        self._rows.move_row(source, target)
-        self.sampler.move_row(source, target)
-        slot = self._slot_at[source]
-        self._slot_at[source], self._slot_at[target] = None, slot
-        self._row_of[slot] = target
+        moved = self._rows.release(slot)
+        if moved is not None:
+            self.sampler.move_row(*moved)
 
     def reset_slot(self, slot: int) -> None:
-        row = self._row_of[slot]
-        n = self._view(row + 1)
+        row = self._rows.row(slot)
+        n = self._rows.view(row + 1)
         mask = torch.zeros(n, dtype=torch.bool, device=self.device)
         mask[row] = True
         try:
             self.frontend.mimi.reset_streaming(mask)
             self.lm_gen.reset_streaming(mask)
         finally:
-            self._sync()
+            self._rows.sync()
         self._timelines[slot].clear()
         self._pending[slot].clear()
         self._frames[slot] = 0
-
-    def _view(self, rows: int) -> int:
-        """Install a view of at least `rows` rows (the live ones' size when larger); its size."""
-        if self._rows is None:
-            return self.batch_size
-        n = self._bucket(max(rows, len(self._active)))
-        self._rows.install(n)
-        return n
 
     @torch.no_grad()
     def warm_views(self) -> list[int]:
         """Capture each view size's CUDA graphs before any session comes: every size a step can use is
         run twice with all its rows masked (moshi leaves a masked row's state as it was); the sizes
         warmed. Nothing to capture on a CPU, or without views, or while a session holds a slot."""
-        if self._rows is None or self.device.type != "cuda" or self._active:
+        if not self.compact or self.device.type != "cuda" or self._active:
             return []
-        sizes = sorted({self._bucket(n) for n in range(1, self.batch_size + 1)})
         padding = self.lm_gen.lm_model.text_padding_token_id
-        for n in sizes:
-            self._rows.install(n)
+        for n in self._rows.sizes():
+            self._rows.views.install(n)
             mask = torch.zeros(n, dtype=torch.bool, device=self.device)
             pcm = torch.zeros(n, 1, FRAME_SIZE, dtype=torch.float32, device=self.device)
             try:
@@ -213,17 +180,13 @@ class BatchedEngine:
                         self.lm_gen.set_exec_mask(mask)
                         self._decode(self.lm_gen.step(codes), mask)
             finally:
-                self._sync()
-        return sizes
-
-    def _sync(self) -> None:
-        if self._rows is not None:
-            self._rows.sync()
+                self._rows.sync()
+        return self._rows.sizes()
 
     def sampling(self, slot: int) -> Sampling:
         """The sampling settings the slot was acquired with."""
         self._check_slot(slot)
-        return self.sampler.settings(self._row_of[slot])
+        return self.sampler.settings(self._rows.row(slot))
 
     def frame_index(self, slot: int) -> int:
         """The slot's own frame counter: the index of the next frame it will step."""
@@ -252,8 +215,8 @@ class BatchedEngine:
         slots = sorted(frames)
         for slot in slots:
             self._check_slot(slot)
-        n = self._view(1)
-        rows = [self._row_of[slot] for slot in slots]
+        n = self._rows.view()
+        rows = [self._rows.row(slot) for slot in slots]
         pcm = self._pcm_batch(frames, n)
         mask = torch.zeros(n, dtype=torch.bool)
         mask[rows] = True
@@ -274,7 +237,7 @@ class BatchedEngine:
                 pcm_out = self._decode(tokens, audio_ready) if bool(audio_ready.any()) else None
                 clock.lap("decode")
         finally:
-            self._sync()
+            self._rows.sync()
         return self._outputs(slots, tokens.cpu(), audio_ready.cpu(), pcm_out, oracle, applied)
 
     def _pcm_batch(self, frames: Mapping[int, np.ndarray], n: int) -> torch.Tensor:
@@ -283,7 +246,7 @@ class BatchedEngine:
             array = np.asarray(frame, dtype=np.float32)
             if array.shape != (FRAME_SIZE,):
                 raise EngineError(f"slot {slot}: a frame must be {FRAME_SIZE} samples, got shape {array.shape}")
-            pcm[self._row_of[slot], 0] = torch.from_numpy(array)
+            pcm[self._rows.row(slot), 0] = torch.from_numpy(array)
         return pcm.to(self.device)
 
     def _apply_pending(self, slot: int) -> tuple[AppliedUpdate, ...]:
@@ -326,7 +289,7 @@ class BatchedEngine:
     def _outputs(self, slots, tokens, audio_ready, pcm_out, oracle, applied) -> list[FrameOutput]:
         outputs = []
         for slot in slots:
-            row = self._row_of[slot]
+            row = self._rows.row(slot)
             ready = bool(audio_ready[row])
             pcm = pcm_out[row].numpy() if ready else np.zeros(FRAME_SIZE, dtype=np.float32)
             text = int(tokens[row, 0, 0])

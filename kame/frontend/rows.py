@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 from collections.abc import Callable, Sequence
 
 import torch
@@ -40,6 +41,8 @@ BATCH_AXES: dict[str, dict[str, int]] = {
 SHARED_TENSORS = {"initial", "cfg_is_masked_until"}  # _LMGenState's: one for every row
 BROADCAST = {"condition_sum", "condition_cross"}  # a fuser's conditions may be [1, ...]: shared then
 PLAIN = (int, float, bool, str, type(None), torch.device, contextlib.ExitStack)
+
+logger = logging.getLogger(__name__)
 
 
 class RowsUnsupported(Exception):
@@ -199,3 +202,82 @@ def row_buckets(batch_size: int, cuda: bool) -> Callable[[int], int]:
         return lambda n: max(1, n)
     sizes = sorted({min(2**k, batch_size) for k in range(batch_size.bit_length() + 1)})
     return lambda n: next(size for size in sizes if size >= max(1, n))
+
+
+class SlotRows:
+    """Which row of a batch each acquired slot holds: the live ones first, so a step needs only the first
+    rows (their number rounded to a view size). Slots are the sessions' stable names; rows move: when a
+    slot leaves, the last live row moves into its hole (`release` says which move to make, and the
+    caller moves whatever else it keeps per row). Without views (`views=None`) a slot's row is the slot,
+    and every step is the whole batch, as before.
+
+    Also installs the views: `view(rows)` makes the model's state the first n rows (n >= `rows` and the
+    live rows), `sync()` after a step writes back what moshi assigned anew."""
+
+    def __init__(self, batch_size: int, views: RowViews | None, cuda: bool) -> None:
+        self.batch_size, self.views = batch_size, views
+        self.bucket = row_buckets(batch_size, cuda)
+        self._row_of: dict[int, int] = {}  # acquired slot -> its row
+        self._slot_at: list[int | None] = [None] * batch_size  # row -> the slot it holds
+
+    @property
+    def live(self) -> int:
+        return len(self._row_of)
+
+    def row(self, slot: int) -> int:
+        return self._row_of[slot]
+
+    def slot_at(self, row: int) -> int | None:
+        return self._slot_at[row]
+
+    def take(self, slot: int) -> int:
+        """`slot` is acquired: its row (the first after the live ones)."""
+        row = self.live if self.views is not None else slot
+        self._row_of[slot], self._slot_at[row] = row, slot
+        return row
+
+    def release(self, slot: int) -> tuple[int, int] | None:
+        """`slot` left: (source, target) when the last live row must move into its hole (done here for the
+        model's state; the caller moves its own per-row state), else None."""
+        row = self._row_of.pop(slot)
+        self._slot_at[row] = None
+        last = self.live
+        if self.views is None or row == last:
+            return None
+        self.views.move_row(last, row)
+        moved = self._slot_at[last]
+        self._slot_at[last], self._slot_at[row] = None, moved
+        self._row_of[moved] = row
+        return last, row
+
+    def view_size(self) -> int:
+        """Rows a step runs now: the live ones, rounded to a view size (the batch without views)."""
+        return self.bucket(self.live) if self.views is not None else self.batch_size
+
+    def view(self, rows: int = 1) -> int:
+        """Install a view of at least `rows` rows and of the live ones; its size."""
+        if self.views is None:
+            return self.batch_size
+        n = self.bucket(max(rows, self.live))
+        self.views.install(n)
+        return n
+
+    def sizes(self) -> list[int]:
+        """Every view size a step can use (what warming up captures on CUDA)."""
+        return sorted({self.bucket(n) for n in range(1, self.batch_size + 1)})
+
+    def sync(self) -> None:
+        if self.views is not None:
+            self.views.sync()
+
+
+def row_views(roots: Sequence[StreamingModule], batch_size: int, compact: bool, what: str) -> RowViews | None:
+    """Views by rows of `roots`' streaming state, or None: each step runs the whole batch (asked for, a
+    batch of one, or a state this moshi has that this module does not know: said in the log)."""
+    if not compact or batch_size == 1:
+        return None
+    try:
+        return RowViews(roots, batch_size)
+    except RowsUnsupported as exc:
+        logger.warning("%s: each step runs all %d slots (%s)", what, batch_size, exc)
+        return None
