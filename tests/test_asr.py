@@ -154,27 +154,34 @@ def test_transcribe_cli(capsys):
 
 def test_kyutai_stt_steps_its_streams_rows_only_and_a_moved_stream_hears_as_alone(rng):
     """The STT batch runs its streams' rows only (kame/frontend/rows.py): a stream whose row moves when
-    another leaves gets the text tokens it gets alone."""
+    another leaves gets the text tokens it gets alone (b starts 3 frames after a: the random model's
+    tokens follow each row's own position, so a stream left on the other's row would show)."""
     from kame.asr.kyutai_stt import SttBatch
     from kame.frontend.loader import load_frontend
 
     model = load_frontend("tiny-stt", "cpu", role="stt")
-    frames = {name: [(rng.standard_normal(1920) * scale).astype(np.float32) for _ in range(16)]
+    frames = {name: [(rng.standard_normal(1920) * scale).astype(np.float32) for _ in range(20)]
               for name, scale in (("a", 0.3), ("b", 0.1))}
 
-    def run(batch_size: int, names: str, leave_at: int | None) -> list:
+    def run(batch_size: int, joins: dict, leaves: dict) -> tuple[list, list]:
         batch = SttBatch(model, batch_size, eot_head=0)
         try:
-            slots = {name: batch.acquire() for name in names}
-            got = []
+            slots, heard, got, sizes = {}, {"a": 0, "b": 0}, [], []
             for tick in range(16):
-                if tick == leave_at:
-                    batch.release(slots.pop("a"))
-                outs = batch.step({slot: frames[name][tick] for name, slot in slots.items()})
-                got += [o.text_token for o in outs if o.slot == slots["b"]]
-                assert batch.lm_gen._streaming_state.batch_size == len(slots)
-            return got
+                for name in leaves.get(tick, ""):
+                    batch.release(slots.pop(name))
+                for name in joins.get(tick, ""):
+                    slots[name] = batch.acquire()
+                outs = batch.step({slot: frames[name][heard[name]] for name, slot in slots.items()})
+                for name in slots:
+                    heard[name] += 1
+                got += [o.text_token for o in outs if "b" in slots and o.slot == slots["b"]]
+                sizes.append(batch.lm_gen._streaming_state.batch_size)
+            return got, sizes
         finally:
             batch.close()
 
-    assert run(4, "ab", leave_at=6) == run(1, "b", leave_at=None)
+    together, sizes = run(4, {0: "a", 3: "b"}, {8: "a"})
+    alone, _ = run(1, {3: "b"}, {})
+    assert sizes == [1] * 3 + [2] * 5 + [1] * 8  # the rows of the streams, not the 4 slots
+    assert together == alone
