@@ -82,20 +82,30 @@ skip gpu-tests || timeout "$(limit 150)" python3 -m pytest -q -p no:cacheprovide
     | tee "$OUT/gpu-tests.txt" | tail -5 || true
 
 PORT=18999
+serve_until_ready() {  # NAME UNTIL SLOTS FLAGS...: kame serve on the model in the background ($SERVER) until
+    # /healthz answers or UNTIL (a $SECONDS value) passes; the load comes from one address: the per-address
+    # cap (8 by default, docs/security.md) raised past the levels
+    local name=$1 until=$2 slots=$3 started=$SECONDS
+    shift 3
+    KAME_MAX_CONNECTIONS_PER_IP=$((4 * slots)) kame serve --frontend $MODEL --device $DEVICE --asr none --llm local \
+        --max-sessions "$slots" --port $PORT "$@" >"$OUT/serve-$name.log" 2>&1 &
+    SERVER=$!
+    trap 'kill -INT $SERVER 2>/dev/null || true' EXIT
+    while [ $SECONDS -lt "$until" ] && ! curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1; do
+        kill -0 $SERVER 2>/dev/null || break
+        sleep 1
+    done
+    echo "$name: server ready after $((SECONDS - started)) s" | tee "$OUT/$name.md"
+}
+stop_server() {
+    kill -INT $SERVER 2>/dev/null; timeout 40 tail --pid=$SERVER -f /dev/null || kill -9 $SERVER 2>/dev/null || true
+    trap - EXIT
+}
 if [ "$SET" = capacity ]; then
 # C1. 128 sessions of the 7B on one card: kame serve with 2 fronts, KV cache auto; GPU memory sampled meanwhile
 if ! skip capacity && [ "$(limit 260)" -gt 60 ]; then
     until=$((SECONDS + $(limit 260)))
-    KAME_MAX_CONNECTIONS_PER_IP=$((4 * CAP_SLOTS)) kame serve --frontend $MODEL --device $DEVICE --asr none \
-        --llm local --max-sessions $CAP_SLOTS --kv-cache auto --fronts $CAP_FRONTS --port $PORT \
-        >"$OUT/serve-capacity.log" 2>&1 &
-    SERVER=$!
-    trap 'kill -INT $SERVER 2>/dev/null || true' EXIT
-    while [ $SECONDS -lt $until ] && ! curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1; do
-        kill -0 $SERVER 2>/dev/null || break
-        sleep 1
-    done
-    echo "capacity: server ready after $((SECONDS + $(limit 260) - until)) s" | tee "$OUT/capacity.md"
+    serve_until_ready capacity $until $CAP_SLOTS --kv-cache auto --fronts $CAP_FRONTS
     grep -E "KV cache|captured|fronts" "$OUT/serve-capacity.log" | tee -a "$OUT/capacity.md" || true
     if [ "$DEVICE" = cuda ]; then
         nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 >"$OUT/capacity-gpu-mem.txt" &
@@ -108,8 +118,7 @@ if ! skip capacity && [ "$(limit 260)" -gt 60 ]; then
         kill $SMI 2>/dev/null || true
         echo "GPU memory used, peak: $(sort -n "$OUT/capacity-gpu-mem.txt" | tail -1) MiB" | tee -a "$OUT/capacity.md"
     fi
-    kill -INT $SERVER 2>/dev/null; timeout 40 tail --pid=$SERVER -f /dev/null || kill -9 $SERVER 2>/dev/null || true
-    trap - EXIT
+    stop_server
 fi
 # C2. what a step costs per talking session: 1 of 1 slot against 1, 8, 32 of 128 (int8 KV: 128 bf16 do not fit)
 skip rows || timeout "$(limit 170)" python3 scripts/bench_capacity.py engine --frontend $MODEL --device $DEVICE \
@@ -145,20 +154,10 @@ load_run() {  # NAME CLOCK LEVELS LIMIT_S: kame serve on the model with that clo
     local budget; budget=$(limit "$4")
     [ "$budget" -gt 30 ] || { echo "$1: skipped, out of time" | tee "$OUT/$1.md"; return; }
     local until=$((SECONDS + budget))
-    # the load comes from one address: the per-address cap (8 by default, docs/security.md) raised past the levels
-    KAME_ENGINE_CLOCK=$2 KAME_MAX_CONNECTIONS_PER_IP=$((4 * SESSIONS)) kame serve --frontend $MODEL --device $DEVICE --asr none --llm local \
-        --max-sessions $SESSIONS --port $PORT >"$OUT/serve-$1.log" 2>&1 &
-    SERVER=$!
-    trap 'kill -INT $SERVER 2>/dev/null || true' EXIT
-    while [ $SECONDS -lt $until ] && ! curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1; do
-        kill -0 $SERVER 2>/dev/null || break
-        sleep 1
-    done
-    echo "$1: server ready after $((SECONDS + budget - until)) s" | tee "$OUT/$1.md"
+    KAME_ENGINE_CLOCK=$2 serve_until_ready "$1" $until $SESSIONS
     timeout $((until - SECONDS > 1 ? until - SECONDS : 1)) kame bench load --url "ws://127.0.0.1:$PORT/api/chat" \
         --levels "$3" --seconds 10 --processes $CLIENTS --json-out "$OUT/$1.json" | tee -a "$OUT/$1.md" || true
-    kill -INT $SERVER 2>/dev/null; timeout 20 tail --pid=$SERVER -f /dev/null || kill -9 $SERVER 2>/dev/null || true
-    trap - EXIT
+    stop_server
 }
 # 3. the server under load on the tick clock (a GPU's default)
 load_run load tick 1,8,32,64 160

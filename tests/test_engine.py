@@ -15,8 +15,8 @@ from .conftest import noise_frames
 GREEDY = GenerationConfig(use_sampling=False)
 
 
-def run_alone(frontend, frames, oracle_at: dict[int, OracleUpdate]) -> list:
-    engine = BatchedEngine(frontend, batch_size=1, gen=GREEDY)
+def run_alone(frontend, frames, oracle_at: dict[int, OracleUpdate], kv_cache: str = "model") -> list:
+    engine = BatchedEngine(frontend, batch_size=1, gen=GREEDY, kv_cache=kv_cache)
     try:
         slot = engine.acquire()
         outs = []

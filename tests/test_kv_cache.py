@@ -13,7 +13,7 @@ from kame.frontend.kv_cache import Int8RingKVCache, kv_bytes_per_slot, quantize
 from kame.frontend.oracle import OracleUpdate, tokenize_words
 
 from .conftest import noise_frames
-from .test_engine import GREEDY, assert_same
+from .test_engine import GREEDY, assert_same, run_alone
 
 
 @pytest.mark.parametrize("respect_exec_mask", [True, False])
@@ -84,25 +84,12 @@ def _run(frontend, frames, schedule, kv_cache, leave_at=None):
     return got
 
 
-def _alone(frontend, frames, schedule, kv_cache):
-    engine = BatchedEngine(frontend, batch_size=1, gen=GREEDY, kv_cache=kv_cache)
-    try:
-        slot, outs = engine.acquire(), []
-        for index, frame in enumerate(frames):
-            if index in schedule:
-                engine.push_oracle(slot, schedule[index])
-            outs.extend(engine.step({slot: frame}))
-        return outs
-    finally:
-        engine.close()
-
-
 def test_an_int8_session_batches_and_moves_as_if_alone(tiny, rng):
     """Quantisation is per row: b beside a, then moved into a's row, equals b alone on int8."""
     frames = {"a": noise_frames(rng, 20), "b": noise_frames(rng, 20, scale=0.4)}
     schedule = {"b": {2: OracleUpdate.reset(0, (30, 31, 32))}}
     together = _run(tiny, frames, schedule, "int8", leave_at=8)
-    assert_same(together["b"], _alone(tiny, frames["b"], schedule["b"], "int8"))
+    assert_same(together["b"], run_alone(tiny, frames["b"], schedule["b"], "int8"))
 
 
 def test_tiny_copy_speaks_its_oracle_past_the_context_on_int8(tiny_copy, rng):

@@ -104,15 +104,7 @@ class SttBatch:
 
     def reset_slot(self, slot: int) -> None:
         """A clean start for the slot: on acquire, and after a failed step (the runner calls it)."""
-        row = self._rows.row(slot)
-        n = self._rows.view(row + 1)
-        mask = torch.zeros(n, dtype=torch.bool, device=self.device)
-        mask[row] = True
-        try:
-            self.model.mimi.reset_streaming(mask)
-            self.lm_gen.reset_streaming(mask)
-        finally:
-            self._rows.sync()
+        self._rows.reset(slot, [self.model.mimi, self.lm_gen], self.device)
         self._frames[slot] = 0
         if self._pause_rule is not None:
             self._pauses[slot] = self._pause_rule()

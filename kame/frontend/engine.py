@@ -147,15 +147,7 @@ class BatchedEngine:
             self.sampler.move_row(*moved)
 
     def reset_slot(self, slot: int) -> None:
-        row = self._rows.row(slot)
-        n = self._rows.view(row + 1)
-        mask = torch.zeros(n, dtype=torch.bool, device=self.device)
-        mask[row] = True
-        try:
-            self.frontend.mimi.reset_streaming(mask)
-            self.lm_gen.reset_streaming(mask)
-        finally:
-            self._rows.sync()
+        self._rows.reset(slot, [self.frontend.mimi, self.lm_gen], self.device)
         self._timelines[slot].clear()
         self._pending[slot].clear()
         self._frames[slot] = 0

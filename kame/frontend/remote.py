@@ -28,11 +28,10 @@ from multiprocessing.connection import Client, Connection, Listener
 import numpy as np
 
 from kame.errors import EngineError, SlotsBusy
-from kame.frontend.engine import FRAME_SIZE
 from kame.frontend.oracle import OracleUpdate
 from kame.frontend.runner import EngineRunner, RunnerStats
 from kame.frontend.sampling import Sampling
-from kame.frontend.slots import ErrorCallback, OutputCallback, SlotHandle, Stamped
+from kame.frontend.slots import ErrorCallback, OutputCallback, SlotHandle, Stamped, checked_frame, release_if_acquired
 
 logger = logging.getLogger(__name__)
 
@@ -349,11 +348,6 @@ class _FrontLink:
                 return  # the reader sees the end too, and releases
 
 
-def _release_if_acquired(future: concurrent.futures.Future) -> None:
-    if not future.cancelled() and future.exception() is None:
-        future.result().release()
-
-
 def _default_sampling(runner: EngineRunner) -> Sampling | None:
     sampler = getattr(runner.engine, "sampler", None)
     return None if sampler is None else sampler.default
@@ -550,7 +544,7 @@ class RemoteRunner:
         try:
             return await asyncio.shield(asyncio.wrap_future(future))
         except asyncio.CancelledError:
-            future.add_done_callback(_release_if_acquired)
+            future.add_done_callback(release_if_acquired)
             raise
 
     def acquire(self, on_output: OutputCallback, on_error: ErrorCallback | None = None,
@@ -638,12 +632,7 @@ class RemoteSlotHandle:
     def push_frame(self, pcm: np.ndarray) -> None:
         if self.closed:
             return
-        frame = np.asarray(pcm, dtype=np.float32)
-        if frame.shape != (FRAME_SIZE,):
-            raise EngineError(f"a frame must be {FRAME_SIZE} samples, got shape {frame.shape}")
-        if not np.isfinite(frame).all():
-            raise EngineError("a frame holds NaN or infinite samples")
-        self.runner.remote.enqueue(("frame", self.runner.name, self.slot, self.generation, frame))
+        self.runner.remote.enqueue(("frame", self.runner.name, self.slot, self.generation, checked_frame(pcm)))
 
     def push_oracle(self, update: OracleUpdate) -> None:
         if not self.closed:

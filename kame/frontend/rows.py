@@ -250,6 +250,18 @@ class SlotRows:
         self._row_of[moved] = row
         return last, row
 
+    def reset(self, slot: int, modules: Sequence[StreamingModule], device: torch.device) -> None:
+        """Reset the slot's row of each module's streaming state (moshi's `reset_streaming` on a view)."""
+        row = self.row(slot)
+        n = self.view(row + 1)
+        mask = torch.zeros(n, dtype=torch.bool, device=device)
+        mask[row] = True
+        try:
+            for module in modules:
+                module.reset_streaming(mask)
+        finally:
+            self.sync()
+
     def view_size(self) -> int:
         """Rows a step runs now: the live ones, rounded to a view size (the batch without views)."""
         return self.bucket(self.live) if self.views is not None else self.batch_size

@@ -39,7 +39,14 @@ from kame.errors import EngineError
 from kame.frontend.engine import FRAME_SIZE, BatchedEngine, FrameOutput
 from kame.frontend.oracle import OracleUpdate
 from kame.frontend.sampling import Sampling
-from kame.frontend.slots import ErrorCallback, OutputCallback, SlotHandle, SlotInbox, Stamped
+from kame.frontend.slots import (
+    ErrorCallback,
+    OutputCallback,
+    SlotHandle,
+    SlotInbox,
+    Stamped,
+    release_if_acquired,
+)
 from kame.frontend.step_policy import EngineClock, make_policy
 
 logger = logging.getLogger(__name__)
@@ -169,13 +176,13 @@ class EngineRunner:
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
-            future.add_done_callback(_release_if_acquired)  # the slot must not stay taken by nobody
+            future.add_done_callback(release_if_acquired)  # the slot must not stay taken by nobody
             raise
 
     def acquire_future(self, on_output: OutputCallback, on_error: ErrorCallback | None = None,
                        live: bool = True, sampling: Sampling | None = None) -> concurrent.futures.Future:
         """`acquire` without waiting: the future's result is the handle (a caller gone meanwhile must
-        release it: `_release_if_acquired`)."""
+        release it: `release_if_acquired`)."""
         return self._call(self._acquire_fn(on_output, on_error, live, sampling))
 
     async def acquire_async(self, on_output: OutputCallback, on_error: ErrorCallback | None = None,
@@ -184,7 +191,7 @@ class EngineRunner:
         try:
             return await asyncio.shield(asyncio.wrap_future(future))
         except asyncio.CancelledError:
-            future.add_done_callback(_release_if_acquired)  # a caller gone meanwhile gives the slot back
+            future.add_done_callback(release_if_acquired)  # a caller gone meanwhile gives the slot back
             raise
 
     def _acquire_fn(self, on_output: OutputCallback, on_error: ErrorCallback | None,
@@ -406,8 +413,3 @@ class EngineRunner:
                 self.after_step()
             except Exception:
                 logger.exception("the after-step hook failed")
-
-
-def _release_if_acquired(future: concurrent.futures.Future) -> None:
-    if not future.cancelled() and future.exception() is None:
-        future.result().release()

@@ -43,6 +43,23 @@ class SlotInbox:
     dropped_frames: int = 0  # over max_pending_frames at push time, or skipped to live
 
 
+def checked_frame(pcm: np.ndarray) -> np.ndarray:
+    """One frame as the engine takes it (float32, FRAME_SIZE finite samples), or EngineError: a bad frame
+    is refused where it is pushed, never in the batch."""
+    frame = np.asarray(pcm, dtype=np.float32)
+    if frame.shape != (FRAME_SIZE,):
+        raise EngineError(f"a frame must be {FRAME_SIZE} samples, got shape {frame.shape}")
+    if not np.isfinite(frame).all():
+        raise EngineError("a frame holds NaN or infinite samples")
+    return frame
+
+
+def release_if_acquired(future: concurrent.futures.Future) -> None:
+    """A done callback for an acquisition nobody waits for any more: its slot goes back."""
+    if not future.cancelled() and future.exception() is None:
+        future.result().release()
+
+
 class SlotOwner(Protocol):
     """What a `SlotHandle` asks of the runner that made it (`EngineRunner`): each call is thread-safe,
     and a frame or update of a generation that no longer holds the slot is dropped and counted there."""
@@ -78,12 +95,7 @@ class SlotHandle:
         if self.closed:
             self.runner.count_stale()
             return
-        frame = np.asarray(pcm, dtype=np.float32)
-        if frame.shape != (FRAME_SIZE,):
-            raise EngineError(f"a frame must be {FRAME_SIZE} samples, got shape {frame.shape}")
-        if not np.isfinite(frame).all():
-            raise EngineError("a frame holds NaN or infinite samples")
-        self.runner.accept_frame(self.slot, Stamped(self.generation, frame))
+        self.runner.accept_frame(self.slot, Stamped(self.generation, checked_frame(pcm)))
 
     def push_oracle(self, update: OracleUpdate) -> None:
         if self.closed:
