@@ -208,3 +208,13 @@ def test_a_wrong_frame_is_refused_in_the_front(host):
             handle.push_frame(np.full(1920, np.nan, np.float32))
     finally:
         remote.close()
+
+
+def test_a_stalled_peer_loses_its_oldest_frames_never_a_request():
+    from collections import deque
+
+    from kame.frontend.remote import MAX_QUEUED, Release, _drop_oldest
+
+    queue = deque([Release(1, "engine", 0, 1)] + [("frame", "engine", 0, 1, index) for index in range(MAX_QUEUED)])
+    _drop_oldest(queue, tuple)
+    assert isinstance(queue[0], Release) and queue[1][4] == 1 and len(queue) == MAX_QUEUED

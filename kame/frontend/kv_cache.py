@@ -40,6 +40,15 @@ class Int8RingKVCache(RingKVCache):
         return cls(batch, heads, dim, capacity, cache.respect_exec_mask, cache.cache.device, cache.cache.dtype)
 
     def complete(self, k: torch.Tensor, v: torch.Tensor, exec_mask: torch.Tensor) -> KVCacheResult:
+        positions = self.write(k, v, exec_mask)
+        keys = self.cache[0].to(self.dtype) * self.scale[0]
+        values = self.cache[1].to(self.dtype) * self.scale[1]
+        return KVCacheResult(keys, values, positions)
+
+    def write(self, k: torch.Tensor, v: torch.Tensor, exec_mask: torch.Tensor) -> torch.Tensor:
+        """Quantize k and v [B, H, T, D] into the ring and advance it as moshi's does; the positions the ring
+        holds then ([B, capacity], -1: none). `complete` dequantizes after it; a fused attention reads the
+        int8 ring as it is (kame/frontend/int8_attention.py)."""
         batch, heads, steps, dim = k.shape
         slots = (self.end_offset.view(-1, 1) + torch.arange(steps, device=k.device)) % self.capacity  # [B, T]
         for which, values in enumerate((k, v)):
@@ -52,14 +61,12 @@ class Int8RingKVCache(RingKVCache):
             else:
                 self.cache[which].index_copy_(2, slots[0], quantized)
                 self.scale[which].index_copy_(2, slots[0], scale)
-        keys = self.cache[0].to(self.dtype) * self.scale[0]
-        values = self.cache[1].to(self.dtype) * self.scale[1]
         advanced = self.end_offset + steps
         if self.respect_exec_mask:
             self.end_offset[:] = torch.where(exec_mask, advanced, self.end_offset)
         else:
             self.end_offset.add_(steps)
-        return KVCacheResult(keys, values, ring_positions(advanced, self.end_offset, self.capacity))
+        return ring_positions(advanced, self.end_offset, self.capacity)
 
 
 def quantize(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,6 +36,9 @@ from kame.frontend.slots import ErrorCallback, OutputCallback, SlotHandle, Stamp
 logger = logging.getLogger(__name__)
 
 STATUS_S = 0.5  # how often the host tells every front its runners' free slots and counters
+# messages either side may queue for a peer that does not read (a few seconds of 128 sessions' pushes, or 20 s
+# of steps' outputs); beyond it the oldest frames or outputs are dropped, never a request or a reply
+MAX_QUEUED = 4096
 
 
 # ---------------------------------------------------------------- messages (front -> host)
@@ -235,6 +238,8 @@ class _FrontLink:
     def send(self, message: object) -> None:
         with self._ready:
             self._queue.append(message)
+            if len(self._queue) > MAX_QUEUED:  # the front stopped reading: its oldest outputs go, never a reply
+                _drop_oldest(self._queue, Outputs)
             self._ready.notify()
 
     def flush_outputs(self, name: str) -> None:
@@ -348,6 +353,14 @@ class _FrontLink:
                 return  # the reader sees the end too, and releases
 
 
+def _drop_oldest(queue: deque, kind: type) -> None:
+    """Remove the oldest item of `kind` (outputs, or pushed frames and updates): what a stalled peer can lose."""
+    for index, item in enumerate(queue):
+        if isinstance(item, kind):
+            del queue[index]
+            return
+
+
 def _default_sampling(runner: EngineRunner) -> Sampling | None:
     sampler = getattr(runner.engine, "sampler", None)
     return None if sampler is None else sampler.default
@@ -413,6 +426,8 @@ class RemoteEngine:
         row gathered into one message."""
         with self._ready:
             self._queue.append(item)
+            if len(self._queue) > MAX_QUEUED:  # the host stopped reading: the oldest frame goes, never a request
+                _drop_oldest(self._queue, tuple)
             if len(self._queue) == 1:
                 self._ready.notify()
 
