@@ -187,6 +187,19 @@ def server_markdown(result: dict) -> str:
         rt = r["round_trip_ms"]
         lines.append(f"| {r['config']} | {r['sessions']} | {r['round']} | {rt['p50']} / {rt['p99']} | "
                      f"{r['engine_step_ms']} | {r['batch_mean']} | {r['frames_back']} | {r['server_cpu_cores']} |")
+    lines += ["", "median of the rounds, and against the first configuration:", "",
+              "| configuration | sessions | round trip p50 ms | vs the first | engine step ms | vs the first |",
+              "|---|---:|---:|---:|---:|---:|"]
+    medians = {}
+    for r in result["rows"]:
+        medians.setdefault((r["config"], r["sessions"]), []).append(r)
+    first = None
+    for (config, sessions), runs in medians.items():
+        p50 = statistics.median(r["round_trip_ms"]["p50"] or float("nan") for r in runs)
+        step = statistics.median(r["engine_step_ms"] or float("nan") for r in runs)
+        first = first or (p50, step)
+        lines.append(f"| {config} | {sessions} | {p50:.2f} | {p50 / first[0]:.2f} | {step:.2f} | "
+                     f"{step / first[1]:.2f} |")
     return "\n".join(lines)
 
 
