@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
@@ -22,7 +22,9 @@ FRAME_MS = 80.0
 
 def register(bench_sub: argparse._SubParsersAction) -> None:
     load = bench_sub.add_parser("load", help="concurrent real-time sessions against a running server")
-    load.add_argument("--url", default="ws://127.0.0.1:8998/api/chat")
+    load.add_argument("--url", default="ws://127.0.0.1:8998/api/chat", type=server_url,
+                      help="the server: its /api/chat websocket, or just http(s)://HOST:PORT (default "
+                           "ws://127.0.0.1:8998/api/chat); the other transports' paths come from it")
     load.add_argument("--sessions", type=int, default=4, help="the most sessions to try (default 4)")
     load.add_argument("--seconds", type=float, default=10.0, help="per load level (default 10)")
     load.add_argument("--levels", default=None,
@@ -47,6 +49,18 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
 
 
 TRANSPORTS = ("moshi", "realtime", "live", "live-webrtc")
+
+
+def server_url(value: str) -> str:
+    """The server's /api/chat websocket URL from what a user gives: ws(s)://..., or http(s)://HOST[:PORT][/]
+    (the page's address), whose path defaults to /api/chat."""
+    parts = urlsplit(value)
+    schemes = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}
+    if parts.scheme not in schemes or not parts.netloc:
+        raise argparse.ArgumentTypeError(f"not a server address: {value!r} (ws://HOST:PORT/api/chat, or "
+                                         "http://HOST:PORT)")
+    path = parts.path if parts.path not in ("", "/") else "/api/chat"
+    return urlunsplit((schemes[parts.scheme], parts.netloc, path, parts.query, ""))
 
 
 def _transports(value: str) -> list[str]:

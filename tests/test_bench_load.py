@@ -126,3 +126,15 @@ def test_webrtc_track_frames_are_counted_from_the_first_sound_and_matched_by_the
     matched, untimed = client_frames(back, probes, said=14)
     assert matched == [(frame - 2, 10.0 + frame) for frame in range(2, 9)]
     assert untimed == 3  # frames 9-11: between the 3rd probe (8.75 frames in) and the 4th, across the jump
+
+
+def test_the_server_address_may_be_the_pages():
+    import argparse
+
+    from client.bench import server_url
+
+    assert server_url("http://127.0.0.1:8998") == "ws://127.0.0.1:8998/api/chat"
+    assert server_url("https://kame.example/") == "wss://kame.example/api/chat"
+    assert server_url("ws://h:1/api/chat?token=t") == "ws://h:1/api/chat?token=t"
+    with pytest.raises(argparse.ArgumentTypeError, match="not a server address"):
+        server_url("127.0.0.1:8998")

@@ -191,7 +191,7 @@ def _fused_forward(attention: StreamingMultiheadAttention, query: torch.Tensor, 
     projected = apply_weights_per_step(attention.in_projs, schedule, query, state.offset_cpu)
     q, k, v = rearrange(projected, "b t (p h d) -> p b h t d", p=3, h=attention.num_heads)
     if attention.rope is not None:
-        pass
+        q, k = attention.rope(q, k, offset, time_before_heads=False)
     positions = state.kv_cache.write(k, v, state.exec_mask)
     x = int8_decode_attention(q, state.kv_cache, positions, offset, attention.context)
     x = apply_weights_per_step(attention.out_projs, schedule, rearrange(x, "b h t d -> b t (h d)"),
