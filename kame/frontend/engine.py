@@ -28,6 +28,7 @@ from moshi.utils.sampling import sample_token
 
 from kame.audio import FRAME_SIZE, SAMPLE_RATE
 from kame.errors import EngineError, SlotsBusy
+from kame.frontend.int8_attention import install_fused_attention, remove_fused_attention
 from kame.frontend.kv_cache import KvCacheKind, int8_kv_caches
 from kame.frontend.loader import Frontend
 from kame.frontend.oracle import AppliedUpdate, OracleTimeline, OracleUpdate
@@ -90,6 +91,9 @@ class BatchedEngine:
         self.kv_cache = kv_cache
         with int8_kv_caches(lm) if kv_cache == "int8" else contextlib.nullcontext():
             self._stack.enter_context(self.lm_gen.streaming(batch_size))
+        if kv_cache == "int8" and self.device.type == "cuda":  # the attention reads the int8 ring itself
+            install_fused_attention(lm)
+            self._stack.callback(remove_fused_attention, lm)
         self._base_condition = self._state.condition_sum  # a conditioned model's own sum, if any
         guided = self.gen.cfg_coef != 1.0  # guidance doubles the LM's batch: its rows are not the first n
         if guided:

@@ -1,9 +1,9 @@
-"""One streaming step's attention read straight from the int8 KV cache, for the LM's main transformer: the
-ring is dequantised in registers by a Triton kernel, never written out whole in the model's dtype.
+"""The LM's attention for one streaming step, read straight from the int8 KV cache: a Triton kernel
+dequantises the ring in registers instead of writing it out whole in the model's dtype each step.
 
-Why: with `Int8RingKVCache.complete`, each step reads the int8 ring, writes it dequantised and reads that
-again in moshi's attention (~3.9 GB a step per session of Moshi 7B); the kernel reads the int8 ring and its
-scales once (~0.8 GB). Off CUDA (or without Triton) the same call dequantises and runs PyTorch's attention.
+`Int8RingKVCache.complete` reads the int8 ring, writes it dequantised and moshi's attention reads that again
+(~3.9 GB a step per session of Moshi 7B); the kernel reads the int8 ring and its scales once (~0.8 GB).
+Off CUDA (or without Triton) the same call dequantises and runs PyTorch's attention, as moshi does.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ logger = logging.getLogger(__name__)
 
 BLOCK_N = 64  # ring positions per tile of the kernel's loop (a power of two)
 TARGET_PROGRAMS = 1024  # split the ring until (rows x heads x splits) reaches this: ~8 programs per H200 SM
-NO_SCORE = -1e30  # a finite "minus infinity" for the running max: exp(NO_SCORE - NO_SCORE) is 1, not NaN
 
 
 def int8_decode_attention(q: torch.Tensor, cache: Int8RingKVCache, positions: torch.Tensor, pos_q: torch.Tensor,
@@ -100,7 +99,7 @@ def triton_decode_attention(q: torch.Tensor, cache: Int8RingKVCache, positions: 
     keys, values, scales = cache.cache[0], cache.cache[1], cache.scale[..., 0]  # views: a row view's strides hold
     positions = positions.expand(batch, -1)  # a ring without exec mask has one row of positions for all
     scale = 1 / math.sqrt(dim) if softmax_scale is None else softmax_scale
-    _kernel(triton.knobs.runtime.interpret)[(batch * heads, splits)](
+    _kernel()[(batch * heads, splits)](
         q, keys, values, scales[0], scales[1], positions, pos_q, top, total, acc,
         heads, cache.capacity, dim, 0 if context is None else context, scale, tiles_per_split,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
@@ -121,8 +120,8 @@ def _combine(top: torch.Tensor, total: torch.Tensor, acc: torch.Tensor) -> torch
 
 
 @functools.cache
-def _kernel(interpret: bool):
-    """Jitted on first use: triton decides interpreting (TRITON_INTERPRET) when a function is jitted."""
+def _kernel():
+    """Jitted on first use, not at import: the module imports without Triton (a CPU-only install)."""
     return triton.jit(_decode_split)
 
 
@@ -135,7 +134,7 @@ def _decode_split(q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, positions_ptr, 
     past the ring reads position -1, so the mask that hides empty slots also hides the tail; masked lanes
     load nothing (a young ring's empty slots cost no reads of K or V)."""
     row_head, split = tl.program_id(0), tl.program_id(1)
-    row, head = row_head // heads, row_head % heads
+    row, head = (row_head // heads).to(tl.int64), row_head % heads  # 64-bit: 175 rows of 7B pass 2**31 bytes
     dims = tl.arange(0, BLOCK_D)
     in_dims = dims < dim
     q = tl.load(q_ptr + row * q_row + head * q_head + dims, mask=in_dims, other=0.0).to(tl.float32)
@@ -143,7 +142,7 @@ def _decode_split(q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, positions_ptr, 
     pos_q = tl.load(pos_q_ptr + row * pos_q_row)
     kv = row * kv_row + head * kv_head
     scales = row * scale_row + head * scale_head
-    top = NO_SCORE
+    top = -1e30  # the running max: finite, so that a tile with nothing valid rescales by exp(0), not NaN
     total = 0.0
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     for tile in range(tiles_per_split):
@@ -176,7 +175,7 @@ def _decode_split(q_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, positions_ptr, 
 
 
 def fused_attention_forward(attention: StreamingMultiheadAttention):
-    """A forward for `attention` (bind it on the instance) that steps one frame on an int8 cache with
+    """A forward for `attention` (to set as the instance's `forward`) that steps one frame on an int8 cache with
     `int8_decode_attention`, and leaves anything else (T > 1, a model-dtype cache, cross attention,
     kv_repeat > 1, outside streaming) to moshi's own forward."""
     return types.MethodType(_fused_forward, attention)
