@@ -46,6 +46,20 @@ def _get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+def _running(pid: int) -> bool:
+    try:
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+    except OSError:
+        return "?"
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -180,9 +194,10 @@ def test_sigterm_drains_and_stops_every_process(fronts):
     assert len(children) >= 3  # the engine and two fronts (and multiprocessing's resource tracker)
     process.send_signal(signal.SIGTERM)
     assert process.wait(90) == 0, log.read_text()[-3000:]
-    alive = [pid for pid in children if Path(f"/proc/{pid}").exists() and "Z" not in
-             Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]]
-    assert not alive, f"left running: {alive}"
+    deadline = time.monotonic() + 10  # multiprocessing's resource tracker leaves once its last user has
+    while (alive := [pid for pid in children if _running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive, f"left running: {[(pid, _command(pid)) for pid in alive]}"
     text = log.read_text()
     assert text.count("Application shutdown complete") == 2 and "engine process stopped" in text
     assert "Traceback" not in text
