@@ -144,8 +144,9 @@ def test_a_conversation_fifteen_contexts_long_keeps_steering_with_flat_memory(ru
     finals = [e for e in got if isinstance(e, Transcript) and e.final]
     assert [e.text for e in finals] == [question for _, question, _ in TURNS]
     texts = [(e.frame, e.text) for e in got if isinstance(e, AssistantText)]
-    for index, (at, _, answer) in enumerate(TURNS):  # from the turn's partial to the next one's
+    for index, (_, _, answer) in enumerate(TURNS):  # from the last turn's final to the next turn's partial
+        since = TURNS[index - 1][0] if index else 0.0  # (the ASR hears a frame before the engine steps it)
         until = TURNS[index + 1][0] - 1.0 if index + 1 < len(TURNS) else SECONDS
-        said = words("".join(text for frame, text in texts if at - 1.0 <= frame * FRAME_S < until))
+        said = words("".join(text for frame, text in texts if since <= frame * FRAME_S < until))
         want = words(answer)
         assert any(said[i: i + len(want)] == want for i in range(len(said))), f"turn {index + 1}: heard {said}"
