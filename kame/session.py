@@ -202,9 +202,11 @@ class TandemSession:
         """Only `heard` of the assistant's words `said` reached the user: the history keeps that."""
         return self.planner.truncate_assistant(said, heard)
 
-    def set_client_tools(self, tools: list[Tool]) -> None:
-        """The tools a client declared (Realtime functions), replacing those it declared before;
-        the server's own tools stay, and a client tool named like one of them is left out."""
+    def set_client_tools(self, tools: list[Tool], tool_choice: str | dict | None = None) -> None:
+        """The tools a client declared (Realtime functions, GPT-Live function tools), replacing those it
+        declared before; the server's own tools stay, and a client tool named like one of them is left out.
+        `tool_choice`: how the backend's first round may call tools (None: as the model decides)."""
+        self.planner.set_tool_choice(tool_choice)
         clashes = self.planner.tools.set_client_tools(tools)
         if clashes:
             logger.warning("session %s: the client's tools %s are named like the server's own, which stay",

@@ -93,6 +93,15 @@ class ToolCallEvent:
 
 
 @dataclass(frozen=True)
+class ToolRound:
+    """An attempt's round of tool calls, before any of them runs: (call_id, name, arguments) each. A
+    client that runs some of the tools (a GPT-Live client's function tools) answers them as one batch."""
+
+    epoch: int
+    calls: tuple[tuple[str, str, str], ...]
+
+
+@dataclass(frozen=True)
 class KnowledgeRetrieval:
     """An attempt's retrieval from the knowledge base, for its system message."""
 
@@ -154,4 +163,4 @@ class SessionFailed:
 
 SessionEvent = (AssistantAudio | AssistantText | Transcript | OracleApplied | LLMAttempt | OracleLead
                 | BackendChanged | AsrFailed | FramesSkipped | SessionStats | SessionFailed | ToolCallEvent
-                | KnowledgeRetrieval)
+                | ToolRound | KnowledgeRetrieval)

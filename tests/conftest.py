@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import uuid
 
 # One torch thread per test process, and for the processes the tests start: the tiny models here train
 # and step as fast on one thread as on two (test_training's run: 59 s on one, 65 s on two with twice the
@@ -78,12 +79,29 @@ def words(text: str) -> list[str]:
 
 
 def scripted_answer(body: dict) -> ScriptedReply:
-    """The scripted LLM answers by topic, from the newest line of the transcript it is sent."""
+    """The scripted LLM answers by topic, from the newest line of the transcript it is sent; offered a
+    client's `get_weather` tool for a question about the weather, it calls it, then answers from its output."""
+    if (weather := weather_answer(body)) is not None:
+        return weather
     last_line = body["messages"][-1]["content"].split("\n")[-1].lower()
     for key, (_, answer) in QUESTIONS.items():
         if key in last_line or (key == "spider" and "legs" in last_line):
             return ScriptedReply(text=answer + ".")
     return ScriptedReply(text="Let me think.")
+
+
+def weather_answer(body: dict) -> ScriptedReply | None:
+    """A weather question: the `get_weather` call while the tool is offered, the answer once its output is in."""
+    from kame.testing.openai_server import ScriptedToolCall
+
+    results = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+    if results:
+        return ScriptedReply(text=f"The weather: {results[-1]}.")
+    offered = [t["function"]["name"] for t in body.get("tools") or () if body.get("tool_choice") != "none"]
+    if "get_weather" in offered and "weather" in body["messages"][-1]["content"].lower():
+        return ScriptedReply(text="", tool_calls=(ScriptedToolCall("get_weather", {"city": "Paris"},
+                                                                   id=f"call_{uuid.uuid4().hex[:12]}"),))
+    return None
 
 
 @pytest.fixture(scope="session")

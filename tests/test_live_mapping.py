@@ -290,7 +290,7 @@ def test_instructions_append_extends_the_prompt_and_update_changes_delegation_se
 def test_unsupported_events_are_refused_and_the_session_goes_on():
     rig = Rig()
     rig.start(delegation={"type": "responses", "responses": {"model": "scripted"}})
-    for event in ({"type": "response.create"}, {"type": "decision.item.delete", "item_id": "x"},
+    for event in ({"type": "decision.item.delete", "item_id": "x"},
                   {"type": "session.output_audio.fixture.play", "fixture": {"id": "f"}}):
         err = rig.error(**event)
         assert err.code in ("unsupported_event", "missing_required_parameter", "unknown_parameter")

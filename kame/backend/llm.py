@@ -137,7 +137,7 @@ class OpenAICompatibleLLM:
         return self._client
 
     async def stream_chat(self, messages: list[ChatMessage], tools: list[ToolSpec] | None = None,
-                          tool_choice: str | None = None) -> AsyncIterator[str | ToolCalls]:
+                          tool_choice: str | dict | None = None) -> AsyncIterator[str | ToolCalls]:
         client = self._get_client()
         extra = {"tools": [tool.openai() for tool in tools]} if tools else {}
         if tools and tool_choice is not None:  # "none": the tools are listed (the history has calls), not offered

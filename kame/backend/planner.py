@@ -43,8 +43,8 @@ from kame.backend.chunker import WordChunker
 from kame.backend.llm import ChatMessage, LLMClient, LLMError, ToolCalls
 from kame.clock import Clock, MonotonicClock
 from kame.frontend.oracle import OracleOp, OracleUpdate, TextTokenizer, tokenize_words
-from kame.session_events import KnowledgeRetrieval, LLMAttempt, ToolCallEvent
-from kame.tools.base import ToolCall, ToolResult
+from kame.session_events import KnowledgeRetrieval, LLMAttempt, ToolCallEvent, ToolRound
+from kame.tools.base import ATTEMPT, ToolCall, ToolResult
 from kame.tools.toolbox import ToolBox
 
 logger = logging.getLogger(__name__)
@@ -216,6 +216,7 @@ class Planner:
     ) -> None:
         self.llm, self.tokenizer, self.config = llm, tokenizer, config
         self.tools = tools if tools is not None else ToolBox(spawn=spawn)
+        self.tool_choice: str | dict | None = None  # the first round's (`set_tool_choice`); None: the model's
         self.knowledge = knowledge
         # how its tasks are started: a session passes its TaskGroup's create_task, so that a bug in
         # a stream ends the session with a trace instead of vanishing in an unobserved task
@@ -310,6 +311,12 @@ class Planner:
         """Start an attempt now (within the rate limit) on the conversation as it is: the client
         has something to say (GPT-Live's commentary with no delegation open)."""
         self._request_start("client")
+
+    def set_tool_choice(self, choice: str | dict | None) -> None:
+        """How the first round of each attempt may call tools: None or "auto" (the model decides), "none"
+        (no tools offered), "required", or a Chat Completions choice of one function (a GPT-Live client's
+        `tool_choice`); later rounds are "auto", or the model could never answer."""
+        self.tool_choice = None if choice == "auto" else choice
 
     def set_llm(self, llm: LLMClient) -> None:
         """Hot-swap the backend: the next attempt uses it; the front-end is untouched."""
@@ -408,10 +415,12 @@ class Planner:
         record, chunker = stream.record, WordChunker()
         try:
             messages = await self._prepare(stream, messages)
-            rounds = self.config.max_tool_rounds if self.tools_on else 0
+            rounds = self.config.max_tool_rounds if self.tools_on and self.tool_choice != "none" else 0
             for round_ in range(rounds + 1):
                 offered = self.tools.specs if round_ < rounds else None
-                if offered:
+                if offered and round_ == 0 and self.tool_choice is not None:
+                    chunks = self.llm.stream_chat(messages, tools=offered, tool_choice=self.tool_choice)
+                elif offered:
                     chunks = self.llm.stream_chat(messages, tools=offered)
                 elif round_ > 0:  # the history holds tool calls: some endpoints then need `tools` listed
                     chunks = self.llm.stream_chat(messages, tools=self.tools.specs, tool_choice="none")
@@ -470,8 +479,10 @@ class Planner:
     async def _call_tools(self, stream: _Stream, calls: tuple[ToolCall, ...]) -> list[ToolResult]:
         epoch = stream.record.epoch
         stream.record.tool_calls += len(calls)
+        self._on_event(ToolRound(epoch, tuple((call.id, call.name, call.arguments) for call in calls)))
 
         async def one(call: ToolCall) -> ToolResult:
+            ATTEMPT.set(epoch)  # the tool's task inherits it: a client's function says which attempt asks
             self._on_event(_tool_event(epoch, call, None, started=True))
             try:
                 result = await self.tools.run(call, stream.turn)

@@ -11,6 +11,7 @@ import asyncio
 import json
 import re
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -93,6 +94,19 @@ class Tool(Protocol):
         """Run the tool; the result is a string or anything JSON can write. Raise to fail."""
 
 
+@dataclass(frozen=True)
+class ToolContext:
+    """The call a tool is running for, and the LLM attempt that made it: what a tool whose call leaves
+    the server (a client's function) tells the client. Read inside `Tool.call` as `CURRENT.get()`."""
+
+    call: ToolCall
+    epoch: int | None = None  # the planner's attempt (None outside one)
+
+
+CURRENT: ContextVar[ToolContext | None] = ContextVar("kame_tool_call", default=None)
+ATTEMPT: ContextVar[int | None] = ContextVar("kame_tool_attempt", default=None)  # set by the planner's round
+
+
 def as_text(value: Any) -> str:
     if isinstance(value, str):
         return value
@@ -119,6 +133,7 @@ async def run_tool(tool: Tool | None, call: ToolCall) -> ToolResult:
         return failed(f"there is no tool named {call.name!r}")
     try:
         arguments = call.parsed()
+        CURRENT.set(ToolContext(call, ATTEMPT.get()))  # this task's own context: the call's alone
         value = await asyncio.wait_for(tool.call(arguments), tool.limits.timeout_s)
     except TimeoutError:
         return failed(f"the tool {call.name} did not answer within {tool.limits.timeout_s:g} s")

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from server.realtime.actions import Send, SessionCall
+from kame.tools.base import ToolSpec
+from server.realtime.actions import AnswerCall, Send, SessionCall
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,15 @@ class Commentary:
 
 
 @dataclass(frozen=True)
+class ClientTools:
+    """The client's function tools of Responses delegation (replacing those it declared before) and how the
+    backend's first round may call tools (`tool_choice`, as Chat Completions takes it; None: the model's)."""
+
+    specs: tuple[ToolSpec, ...]
+    tool_choice: str | dict | None
+
+
+@dataclass(frozen=True)
 class Play:
     """One frame of the assistant's audio for the media track (WebRTC), float32 at 24 kHz."""
 
@@ -47,4 +57,4 @@ class Finish:
     reason: str
 
 
-Action = Send | SessionCall | PlannerCall | Delegate | Commentary | Play | Finish
+Action = Send | SessionCall | PlannerCall | Delegate | Commentary | ClientTools | AnswerCall | Play | Finish

@@ -23,6 +23,8 @@ from kame.codec import pcm16_encode
 from kame.protocol import ProtocolError
 from kame.session import TandemSession
 from kame.session_events import AssistantAudio, SessionEvent
+from kame.tools.base import ToolContext, ToolError, ToolLimits
+from kame.tools.client_tool import ClientTool
 from server.deadline import DeadlineTimer
 from server.live import actions as act
 from server.live.client_events import LiveError
@@ -35,6 +37,7 @@ from server.transport import Ended, Finished, SocketSession
 logger = logging.getLogger(__name__)
 
 REPLAY_EVENTS = 64  # the recent server events a sideband gets when it attaches (audio aside)
+CLIENT_OUTPUT_CHARS = 8000  # of a client function's output, what the backend LLM reads
 
 
 def _pcm16(pcm) -> str:
@@ -49,7 +52,7 @@ def live_facts(session_id: str, services: Services, tandem: TandemSession, trans
                      tandem.backend, tandem.planner.system_prompt,
                      settings.max_message_bytes * 4 // 3 + 4096,  # base64 audio of the binary limit
                      int(time.time() + settings.max_session_s), transport, events,
-                     echo=settings.echo_options())
+                     echo=settings.echo_options(), tool_timeout_s=settings.realtime.tool_timeout_s)
 
 
 class LiveCarrier:
@@ -65,6 +68,7 @@ class LiveCarrier:
         self.replay: collections.deque[dict] = collections.deque(maxlen=REPLAY_EVENTS)  # for a sideband attaching
         self.sidebands: set = set()  # `sideband.Sideband`s watching this session
         self._snapshot: dict | None = None  # the latest session.started or .updated
+        self._calls: dict[str, asyncio.Future[str]] = {}  # the client's function calls, by call_id
         self.finished: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
 
     def _on_time(self, now: float) -> None:
@@ -94,6 +98,14 @@ class LiveCarrier:
                 case act.Delegate():
                     self.backend = ClientBackend(self.clock, self._delegated)
                     tandem.planner.set_llm(self.backend)
+                case act.ClientTools(specs=specs, tool_choice=tool_choice):
+                    limits = ToolLimits(self.mapping.facts.tool_timeout_s, CLIENT_OUTPUT_CHARS)
+                    tandem.set_client_tools([ClientTool(spec, limits, self._send_call) for spec in specs],
+                                            tool_choice)
+                case act.AnswerCall(call_id=call_id, output=output):
+                    waiting = self._calls.get(call_id)
+                    if waiting is not None and not waiting.done():
+                        waiting.set_result(output)
                 case act.Commentary(delegation_id=delegation_id, text=text):
                     if not self.backend.commentary(delegation_id, text):
                         tandem.planner.request_attempt()  # no delegation open: one starts with it
@@ -106,6 +118,27 @@ class LiveCarrier:
                     if not self.finished.done():  # asked from a sideband: the session's own task ends it
                         self.finished.set_result((code, reason))
         self.timer.nearer()
+
+    async def _send_call(self, context: ToolContext | None, name: str, arguments: dict) -> str:
+        """A client function tool's call (the mapping announced it from the backend's round): wait for its
+        output, which `response.create` releases, at most `tool_timeout_s`."""
+        if context is None:
+            raise ToolError(f"{name} was called outside an attempt's round")
+        call_id = context.call.id
+        waiting = self._calls[call_id] = asyncio.get_running_loop().create_future()
+        outcome = "cancelled"
+        try:
+            output = await asyncio.wait_for(waiting, self.mapping.facts.tool_timeout_s)
+            outcome = "answered"
+            return output
+        except TimeoutError:
+            outcome = "timeout"
+            raise ToolError(f"the client did not answer {name} within {self.mapping.facts.tool_timeout_s:g} s") \
+                from None
+        finally:
+            self._calls.pop(call_id, None)
+            self.mapping.call_ended(call_id, outcome)
+            self.carry_out(finish=False)
 
     def observe(self, event: SessionEvent) -> None:
         """The session's audio for sidebands: the assistant's frames, timed on the session's timeline."""

@@ -14,6 +14,7 @@ from openai.types.live import SessionConfig, SessionUpdateConfig
 from kame.aec import EchoOptions
 from kame.audio import SAMPLE_RATE
 from kame.codec import pcm16_decode, pcm16_encode
+from kame.tools.base import TOOL_NAME, ToolSpec
 from server.live.client_events import LiveError
 from server.realtime.client_events import AudioFormat as RealtimeFormat
 
@@ -35,6 +36,7 @@ class LiveFacts:
     events: bool = False  # kame.* extension events (opt-in: `?kame_events=true`)
     usage_interval_s: float = 15.0
     echo: EchoOptions = EchoOptions()  # echo cancellation of telephone (G.711) sessions ([echo], docs/echo.md)
+    tool_timeout_s: float = 15.0  # a client function tool's output is awaited this long, then an error event
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class LiveConfig:
     voice: str = DEFAULT_VOICE
     history: tuple[tuple[str, str], ...] = ()  # (role, text) of `session.input`
     substituted: str | None = None  # responses.model named no profile: the one used instead
+    tools: tuple[ToolSpec, ...] = ()  # responses.tools: the client's function tools
+    tool_choice: str | dict | None = None  # responses.tool_choice, as Chat Completions takes it
 
     @classmethod
     def start(cls, session: SessionConfig, facts: LiveFacts, transport: str) -> LiveConfig:
@@ -74,11 +78,12 @@ class LiveConfig:
             raise LiveError("unsupported_parameter", "Decisions triggers are not supported by this server.",
                             "session.triggers")
         history = tuple((item.role, " ".join(part.text for part in item.content)) for item in session.input or ())
+        tools, tool_choice = client_tools(responses)
         return cls(model=session.model, delegation=kind, backend=backend, responses=responses,
                    instructions=(session.instructions or "").strip() or None,
                    acknowledgement_delay_ms=(delegation.acknowledgement_delay_ms or 0) if delegation else 0,
                    audio_format=audio_format, voice=voice if isinstance(voice, str) else DEFAULT_VOICE,
-                   history=history, substituted=substituted)
+                   history=history, substituted=substituted, tools=tools, tool_choice=tool_choice)
 
     def updated(self, update: SessionUpdateConfig, facts: LiveFacts) -> LiveConfig:
         """This config with `session.update` (delegation settings only; the type stays)."""
@@ -98,7 +103,9 @@ class LiveConfig:
         if given is not None:
             responses = {**self.responses, **given.model_dump(exclude_none=True)}
             backend, substituted = _profile(responses.get("model"), facts)
-            new = dataclasses.replace(new, responses=responses, backend=backend, substituted=substituted)
+            tools, tool_choice = client_tools(responses)
+            new = dataclasses.replace(new, responses=responses, backend=backend, substituted=substituted,
+                                      tools=tools, tool_choice=tool_choice)
         return new
 
     def with_instructions(self, text: str) -> LiveConfig:
@@ -150,6 +157,41 @@ class LiveConfig:
     @property
     def bytes_per_sample(self) -> int:
         return 2 if self.audio_format["type"] == "audio/pcm" else 1
+
+
+TOOLS_PARAM = "session.delegation.responses.tools"
+CHOICES = ("auto", "none", "required")
+
+
+def client_tools(responses: dict) -> tuple[tuple[ToolSpec, ...], str | dict | None]:
+    """Responses delegation's function tools as the planner's specs, and its `tool_choice` as Chat Completions
+    takes it. The tools OpenAI hosts (web search, files, code, MCP) do not run here: refused by name."""
+    specs = []
+    for index, tool in enumerate(responses.get("tools") or ()):
+        if tool.get("type") != "function":
+            raise LiveError("unsupported_parameter", f"Only function tools run on this server, not "
+                            f"{tool.get('type')!r} (a tool OpenAI hosts).", f"{TOOLS_PARAM}[{index}].type")
+        name = tool.get("name", "")
+        if not TOOL_NAME.fullmatch(name) or any(spec.name == name for spec in specs):
+            raise LiveError("invalid_value", f"Invalid or repeated function name {name!r}.",
+                            f"{TOOLS_PARAM}[{index}].name")
+        specs.append(ToolSpec(name, tool.get("description") or "",
+                              tool.get("parameters") or {"type": "object", "properties": {}}))
+    return tuple(specs), _tool_choice(responses.get("tool_choice"), specs)
+
+
+def _tool_choice(choice: object, specs: list[ToolSpec]) -> str | dict | None:
+    param = "session.delegation.responses.tool_choice"
+    if choice is None or choice in CHOICES:
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        if not any(spec.name == choice.get("name") for spec in specs):
+            raise LiveError("invalid_value", f"tool_choice names no function tool: {choice.get('name')!r}.",
+                            f"{param}.name")
+        return {"type": "function", "function": {"name": choice["name"]}}
+    kind = choice.get("type") if isinstance(choice, dict) else choice
+    raise LiveError("unsupported_parameter", f"tool_choice {kind!r} is not supported here: auto, none, required "
+                    "or one function.", param)
 
 
 def _profile(model: str | None, facts: LiveFacts) -> tuple[str, str | None]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import collections
+import json
 import logging
 
 import numpy as np
@@ -25,11 +26,24 @@ from kame.session_events import (
     LLMAttempt,
     SessionEvent,
     SessionFailed,
+    ToolRound,
     Transcript,
 )
 from server.echo import CallEcho
 from server.live import client_events as ce
-from server.live.actions import Action, Commentary, Delegate, Finish, PlannerCall, Play, Send, SessionCall
+from server.live.actions import (
+    Action,
+    AnswerCall,
+    ClientTools,
+    Commentary,
+    Delegate,
+    Finish,
+    PlannerCall,
+    Play,
+    Send,
+    SessionCall,
+)
+from server.live.calls import ClientCalls
 from server.live.client_events import LiveError
 from server.live.config import LiveConfig, LiveFacts
 from server.live.delegation import new_id
@@ -47,10 +61,8 @@ UNSUPPORTED = {
     "decision.create": "Decisions are not supported by this server",
     "decision.item.create": "Decisions are not supported by this server",
     "decision.item.delete": "Decisions are not supported by this server",
-    "response.item.create": "client function tools of Responses delegation are not supported yet: "
-                            "the server's own tools run in the backend",
-    "response.create": "client function tools of Responses delegation are not supported yet",
 }
+RESPONSES_ONLY = ("response.item.create", "response.create")  # the client's side of its function tools
 
 
 SIDEBAND_REFUSED = ("session.start", "session.input_audio.append")  # the primary connection's alone
@@ -116,6 +128,7 @@ class LiveMapping:
         # delegations by the planner's attempt epoch (responses) and the ids announced (both modes)
         self._attempts: collections.OrderedDict[int, tuple[str, str]] = collections.OrderedDict()
         self._delegations: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.calls = ClientCalls()  # the client's function calls: announced, answered, ended
 
     def take(self) -> list[Action]:
         return self.outbox.take()
@@ -148,6 +161,8 @@ class LiveMapping:
         self.outbox.call(SessionCall("configure", (config.backend, config.system_prompt(self.facts))))
         if config.delegation == "client":
             self.outbox.call(Delegate())
+        elif config.tools or config.tool_choice:
+            self.outbox.call(ClientTools(config.tools, config.tool_choice))
         for role, text in config.history:
             self.outbox.call(PlannerCall("add_context", ("context" if role == "developer" else role, text)))
         self.outbox.emit("session.started", client_event_id=event_id, session=config.resource(self.facts))
@@ -239,6 +254,8 @@ class LiveMapping:
             self._transcript(event)
         elif isinstance(event, LLMAttempt) and self.config.delegation == "responses":
             self._attempt(event)
+        elif isinstance(event, ToolRound) and self.config.delegation == "responses":
+            self._tool_round(event)
         self._extension(event)
 
     def _transcript(self, event: Transcript) -> None:
@@ -278,6 +295,8 @@ class LiveMapping:
                            content_index=0)
             self._response(event.epoch, "response.completed", response=self._response_object(
                 event.epoch, "completed", event.backend, event.answer))
+        elif event.phase == "cancelled" and self.calls.waiting_in(event.epoch):  # its calls' response is over
+            self.calls.forget_attempt(event.epoch)
         elif event.phase == "cancelled":  # superseded: routine in KAME (a newer attempt took over), not a
             # failure; clients (Pipecat) report response.incomplete/failed as errors, so it ends "completed"
             # with the status that says what happened
@@ -299,6 +318,72 @@ class LiveMapping:
 
     def _response(self, epoch: int, kind: str, **fields) -> None:
         self.outbox.emit("response.event", delegation_id=self._attempts[epoch][0], event={"type": kind, **fields})
+
+    # ---------------------------------------------------------------- the client's function tools
+
+    def _tool_round(self, event: ToolRound) -> None:
+        """A round of the backend's tool calls: the client's functions among them come out as the response's
+        function_call items, and the response completes, waiting for their outputs (`response.create`)."""
+        mine = [(call_id, name, arguments) for call_id, name, arguments in event.calls
+                if any(spec.name == name for spec in self.config.tools)]
+        if not mine or event.epoch not in self._attempts:
+            return
+        for index, (call_id, name, arguments) in enumerate(mine):
+            item = {"type": "function_call", "id": new_id("fc"), "call_id": call_id, "name": name,
+                    "arguments": arguments, "status": "in_progress"}
+            self._response(event.epoch, "response.output_item.added", output_index=index, item=item)
+            self._response(event.epoch, "response.function_call_arguments.done", output_index=index,
+                           item_id=item["id"], arguments=arguments)
+            self._response(event.epoch, "response.output_item.done", output_index=index,
+                           item={**item, "status": "completed"})
+            self.calls.announce(call_id, event.epoch)
+        self._response(event.epoch, "response.completed", response={
+            **self._response_object(event.epoch, "completed", self.config.backend), "output": []})
+
+    def call_ended(self, call_id: str, outcome: str) -> None:
+        """The backend stopped waiting for a call: "answered", "timeout" (an error event says so, and the attempt
+        goes on without it) or "cancelled" (its attempt was superseded: a late output is taken quietly)."""
+        epoch = self.calls.end(call_id)
+        if outcome != "timeout":
+            return
+        self.outbox.error(LiveError("function_call_output_timeout", f"No output came for function call {call_id} "
+                                    f"within {self.facts.tool_timeout_s:g} s: the backend answers without it.",
+                                    kind="server_error"))
+        if epoch is not None and epoch in self._attempts:
+            self._continue(epoch)
+
+    def _item_create(self, item) -> None:
+        if item.type == "function_call_output":
+            self.calls.output(item.call_id, item.output if isinstance(item.output, str) else json.dumps(
+                [part.model_dump(exclude_none=True) for part in item.output]))
+        elif item.type == "message" and item.role in ("user", "system", "developer"):
+            text = " ".join(part.text for part in item.content if hasattr(part, "text")) if not isinstance(
+                item.content, str) else item.content
+            self.outbox.call(PlannerCall("add_context", ("user" if item.role == "user" else "context", text)))
+        else:
+            raise LiveError("unsupported_parameter", f"response.item.create takes function_call_output items and "
+                            f"messages here, not {item.type!r}.", "item.type")
+
+    def _response_create(self) -> None:
+        """Continue the responses waiting for the outputs (all of them, or an error naming the missing), or, with
+        none waiting, ask the backend for a response now."""
+        released = self.calls.release()
+        if released is None:
+            self.outbox.call(PlannerCall("request_attempt"))
+            return
+        answers, resumed = released
+        for call_id, output in answers:
+            self.outbox.call(AnswerCall(call_id, output))
+        for epoch in resumed:
+            if epoch in self._attempts:
+                self._continue(epoch)
+
+    def _continue(self, epoch: int) -> None:
+        """The attempt goes on after its function calls: a response of its own, in the same delegation."""
+        delegation_id, _ = self._attempts[epoch]
+        self._attempts[epoch] = (delegation_id, new_id("resp"))
+        self._response(epoch, "response.created", response=self._response_object(epoch, "in_progress",
+                                                                                 self.config.backend))
 
     def delegated(self, delegation_id: str, target: str = "client", response_id: str | None = None
                   ) -> None:
@@ -341,6 +426,8 @@ class LiveMapping:
             return
         if kind in UNSUPPORTED:
             raise LiveError("unsupported_event", f"{kind}: {UNSUPPORTED[kind]}.", "type")
+        if kind in RESPONSES_ONLY and self.config.delegation != "responses":
+            raise LiveError("invalid_request", f"{kind} requires Responses delegation.", "type")
         match kind:
             case "session.start":
                 raise LiveError("session_already_started", "The session has started already.", "type")
@@ -354,6 +441,10 @@ class LiveMapping:
                 self._update(event.session, event_id)
             case "session.commentary.append" | "session.thinking.append" | "session.instructions.append":
                 self._context(kind.split(".")[1], event.content, event.delegation_id, event_id)
+            case "response.item.create":
+                self._item_create(event.item)
+            case "response.create":
+                self._response_create()
             case "session.close":
                 self.close("close_requested", now, event_id)
 
@@ -362,6 +453,8 @@ class LiveMapping:
         self.config = old.updated(update, self.facts)
         if (self.config.backend, self.config.responses) != (old.backend, old.responses):
             self.outbox.call(SessionCall("configure", (self.config.backend, self.config.system_prompt(self.facts))))
+        if (self.config.tools, self.config.tool_choice) != (old.tools, old.tool_choice):
+            self.outbox.call(ClientTools(self.config.tools, self.config.tool_choice))
         self.outbox.emit("session.updated", client_event_id=event_id, session=self.config.resource(self.facts))
         if self.config.substituted and self.config.responses != old.responses:
             self._substituted(self.config)

@@ -17,7 +17,8 @@ from starlette.websockets import WebSocket
 from kame.clock import Clock, MonotonicClock
 from kame.session import TandemSession
 from kame.session_events import AssistantAudio
-from kame.tools.base import ToolLimits, ToolSpec
+from kame.tools.base import ToolError, ToolLimits, ToolSpec
+from kame.tools.client_tool import ClientTool
 from server.deadline import DeadlineTimer
 from server.realtime import actions as act
 from server.realtime.config import SessionFacts
@@ -26,18 +27,6 @@ from server.services import Services
 from server.transport import Ended, SocketSession
 
 logger = logging.getLogger(__name__)
-
-
-class ClientTool:
-    """A function the Realtime client declared: the backend LLM calls it, the client runs it."""
-
-    client = True  # TandemSession.set_client_tools replaces these, the server's tools stay
-
-    def __init__(self, session: RealtimeSession, spec: ToolSpec, limits: ToolLimits) -> None:
-        self.session, self.spec, self.limits = session, spec, limits
-
-    async def call(self, arguments: dict) -> str:
-        return await self.session.call_client_function(self.spec.name, arguments)
 
 
 class RealtimeSession(SocketSession):
@@ -135,7 +124,7 @@ class RealtimeSession(SocketSession):
         self._timer.nearer()
 
     def _set_tools(self, tandem: TandemSession, specs: tuple[ToolSpec, ...], timeout_s: float) -> None:
-        tools = [ClientTool(self, spec, ToolLimits(timeout_s, 8000)) for spec in specs]
+        tools = [ClientTool(spec, ToolLimits(timeout_s, 8000), self._send_call) for spec in specs]
         tandem.set_client_tools(tools)
         if tools and not tandem.planner.tools_on:  # no error event: frameworks end their session on one
             logger.info("session %s: %d tools stored; backend %s calls no tools, so it answers without them",
@@ -148,17 +137,23 @@ class RealtimeSession(SocketSession):
 
     # ---------------------------------------------------------------- client functions
 
+    async def _send_call(self, context, name: str, arguments: dict) -> str:
+        return await self.call_client_function(name, arguments)
+
     async def call_client_function(self, name: str, arguments: dict) -> str:
         """The backend LLM calls the client's function `name`: send the call, wait for the client's
-        function_call_output (the tool's timeout bounds the wait)."""
+        function_call_output at most `tool_timeout_s` (then a ToolError, which the LLM reads)."""
         call_id = self.mapping.function_call(name, arguments, self.clock.now())
         self._carry_out()
         waiting = self._calls[call_id] = asyncio.get_running_loop().create_future()
         answered = False
+        timeout_s = self.settings.realtime.tool_timeout_s
         try:
-            output = await waiting
+            output = await asyncio.wait_for(waiting, timeout_s)
             answered = True
             return output
+        except TimeoutError:
+            raise ToolError(f"the client did not answer {name} within {timeout_s:g} s") from None
         finally:
             self._calls.pop(call_id, None)
             self.mapping.call_ended(call_id, answered)
