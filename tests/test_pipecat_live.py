@@ -50,13 +50,21 @@ class Heard(RealtimeHeard):
         return " ".join(words("".join(self.said)))
 
 
-async def converse(url: str, delegation, question: np.ndarray, answer: str):
-    """Runs the example's pipeline until `answer` is heard and the user's turn is in, then ends it
-    (session.close, then session.closed). Returns what was heard, the context, the recorder
-    and the delegations the service saw."""
+async def converse(url: str, delegation, question: np.ndarray, answer: str, asked: str = QUESTION,
+                   functions: dict | None = None):
+    """Runs the example's pipeline until `answer` is heard and the user's turn (`asked`: its first words) is
+    in, then ends it (session.close, then session.closed). `functions`: name -> (FunctionSchema, handler),
+    the application's tools. Returns what was heard, the context, the recorder and the delegations the
+    service saw."""
+    from pipecat.adapters.schemas.tools_schema import ToolsSchema
+
     example = load_example()
     llm = example.kame_live_llm(url, None, INSTRUCTIONS, delegation)
     pipeline, context, recorder = example.conversation(llm)
+    if functions:
+        context.set_tools(ToolsSchema(standard_tools=[schema for schema, _ in functions.values()]))
+        for name, (_, handler) in functions.items():
+            llm.register_function(name, handler)
     heard = Heard(llm)
     worker = PipelineWorker(pipeline, observers=[heard], enable_rtvi=False, cancel_on_idle_timeout=False)
     started, delegations = asyncio.Event(), []
@@ -79,7 +87,8 @@ async def converse(url: str, delegation, question: np.ndarray, answer: str):
             await heard.wait(lambda: " ".join(words(answer)) in heard.said_words(), 30, "the spoken answer")
             # KAME's input transcript comes in bursts about 1 s apart, and pipecat ends a user turn after
             # 0.8 s without one: the question can arrive as two or three TranscriptionFrames
-            await heard.wait(lambda: words(" ".join(heard.user))[:6] == words(QUESTION), 10, "the user's transcript")
+            first = words(asked)
+            await heard.wait(lambda: words(" ".join(heard.user))[:len(first)] == first, 10, "the user's transcript")
             await heard.wait(lambda: any(set(words(answer)) & set(words(t)) for t in heard.turns), 10,
                              "the answer's turn in the context")
             speaking.cancel()
@@ -155,3 +164,42 @@ def test_pipecat_live_with_client_delegation(tandem_server, scripted_llm, voices
     asked = [r["messages"][-1]["content"] for r in backend_llm.requests]
     assert any("USER:" in text and "france" in words(text) for text in asked), asked
     assert len(recorder.audio) >= 5 * 3840
+
+
+WEATHER_QUESTION = "What is the weather in Paris today?"
+
+
+def test_pipecat_live_runs_the_applications_function_and_the_answer_uses_it(tandem_server, scripted_llm,
+                                                                            tmp_path_factory):
+    """The application's `get_weather` is a Pipecat function tool: KAME's backend LLM is offered it, calls it,
+    Pipecat's handler runs and answers through response.item.create and response.create, and what the
+    front-end then says is the answer built from the handler's result."""
+    from pipecat.adapters.schemas.function_schema import FunctionSchema
+
+    from kame.testing.speech import speech
+
+    url, services = tandem_server
+    example = load_example()
+    calls = []
+
+    async def get_weather(params) -> None:
+        calls.append(params.arguments)
+        await params.result_callback({"conditions": "sunny and 24 degrees"})
+
+    schema = FunctionSchema(name="get_weather", description="The weather in a city now.",
+                            properties={"city": {"type": "string"}}, required=["city"])
+    question = np.concatenate([np.zeros(12000, np.float32), speech(WEATHER_QUESTION, tmp_path_factory.mktemp("tts")),
+                               np.zeros(24000 * 8, np.float32)])
+    before = len(scripted_llm.requests)
+    try:
+        heard, context, _, delegations = asyncio.run(converse(
+            url, example.responses_delegation("scripted"), question, "sunny and 24 degrees", WEATHER_QUESTION,
+            {"get_weather": (schema, get_weather)}))
+    finally:
+        wait_until_all_slots_free(services, limit_s=30.0)
+    assert not heard.errors
+    assert calls and all(c == {"city": "Paris"} for c in calls)  # the handler ran, with the model's arguments
+    requests = scripted_llm.requests[before:]
+    assert any(t["function"]["name"] == "get_weather" for r in requests for t in r.get("tools") or ())
+    assert any(m["role"] == "tool" and "sunny" in m["content"] for r in requests for m in r["messages"])
+    assert delegations and all(d.target == "responses" for d in delegations)
