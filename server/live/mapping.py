@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import binascii
 import collections
-import json
 import logging
 
 import numpy as np
@@ -33,20 +32,18 @@ from server.echo import CallEcho
 from server.live import client_events as ce
 from server.live.actions import (
     Action,
-    AnswerCall,
     ClientTools,
     Commentary,
     Delegate,
     Finish,
     PlannerCall,
     Play,
-    Send,
     SessionCall,
 )
-from server.live.calls import ClientCalls
 from server.live.client_events import LiveError
 from server.live.config import LiveConfig, LiveFacts
-from server.live.delegation import new_id
+from server.live.outbox import LiveOutbox
+from server.live.responses import ResponsesEvents
 from server.live.stable_text import StableWords
 
 logger = logging.getLogger(__name__)
@@ -73,44 +70,6 @@ def estimated_tokens(text: str) -> int:
     return max(len(text) // 4, int(len(text.split()) / 0.75))
 
 
-class LiveOutbox:
-    """Numbered server events and the session calls, in the order they happen."""
-
-    def __init__(self, session_id: str) -> None:
-        self.session_id = session_id
-        self._count = 0
-        self._actions: list[Action] = []
-
-    def event(self, type_: str, client_event_id: str | None = None, **fields) -> dict:
-        """A numbered server event, not queued (a sideband's own error goes to that sideband only)."""
-        self._count += 1
-        event = {"type": type_, "event_id": f"event_{self.session_id}_{self._count}", **fields}
-        if client_event_id is not None:
-            event["client_event_id"] = client_event_id
-        return event
-
-    def emit(self, type_: str, droppable: bool = False, client_event_id: str | None = None, **fields) -> None:
-        self._actions.append(Send(self.event(type_, client_event_id, **fields), droppable))
-
-    def error_event(self, exc: LiveError) -> dict:
-        error = {"type": exc.kind, "code": exc.code, "message": str(exc)}
-        if exc.param is not None:
-            error["param"] = exc.param
-        if exc.client_event_id is not None:
-            error["client_event_id"] = exc.client_event_id
-        return self.event("error", exc.client_event_id, error=error)
-
-    def error(self, exc: LiveError) -> None:
-        self._actions.append(Send(self.error_event(exc)))
-
-    def call(self, action: Action) -> None:
-        self._actions.append(action)
-
-    def take(self) -> list[Action]:
-        actions, self._actions = self._actions, []
-        return actions
-
-
 class LiveMapping:
     def __init__(self, facts: LiveFacts) -> None:
         self.facts = facts
@@ -125,10 +84,8 @@ class LiveMapping:
         self._words = StableWords()
         self._transcript_ms = 0  # where the last input transcript delta ended
         self._next_usage: float | None = None
-        # delegations by the planner's attempt epoch (responses) and the ids announced (both modes)
-        self._attempts: collections.OrderedDict[int, tuple[str, str]] = collections.OrderedDict()
-        self._delegations: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self.calls = ClientCalls()  # the client's function calls: announced, answered, ended
+        self._delegations: collections.OrderedDict[str, None] = collections.OrderedDict()  # ids announced
+        self.responses = ResponsesEvents(self.outbox, self.delegated, facts.tool_timeout_s)
 
     def take(self) -> list[Action]:
         return self.outbox.take()
@@ -252,10 +209,8 @@ class LiveMapping:
                              end_ms=start + round(FRAME_S * 1000))
         elif isinstance(event, Transcript):
             self._transcript(event)
-        elif isinstance(event, LLMAttempt) and self.config.delegation == "responses":
-            self._attempt(event)
-        elif isinstance(event, ToolRound) and self.config.delegation == "responses":
-            self._tool_round(event)
+        elif isinstance(event, LLMAttempt | ToolRound) and self.config.delegation == "responses":
+            self.responses.on_session(event, self.config)
         self._extension(event)
 
     def _transcript(self, event: Transcript) -> None:
@@ -271,119 +226,9 @@ class LiveMapping:
         self._transcript_ms = end
         self.outbox.emit("session.input_transcript.delta", delta=delta, start_ms=start, end_ms=end)
 
-    def _attempt(self, event: LLMAttempt) -> None:
-        """A planner attempt of responses delegation: a delegation, its progress as `response.event`."""
-        if event.phase == "started":
-            delegation_id, response_id = new_id("deleg"), new_id("resp")
-            self.delegated(delegation_id, "responses", response_id)
-            self._attempts[event.epoch] = (delegation_id, response_id)
-            while len(self._attempts) > MAX_DELEGATIONS:
-                self._attempts.popitem(last=False)
-            self._response(event.epoch, "response.created", response=self._response_object(
-                event.epoch, "in_progress", event.backend))
-            return
-        if event.epoch not in self._attempts:
-            return
-        if event.phase == "first_token":
-            self._response(event.epoch, "response.in_progress",
-                           response=self._response_object(event.epoch, "in_progress", event.backend))
-        elif event.phase == "done":
-            if event.answer:  # the answer's words reach the front-end as oracle updates; here, in one piece
-                self._response(event.epoch, "response.output_text.delta", delta=event.answer, output_index=0,
-                               content_index=0)
-            self._response(event.epoch, "response.output_text.done", text=event.answer, output_index=0,
-                           content_index=0)
-            self._response(event.epoch, "response.completed", response=self._response_object(
-                event.epoch, "completed", event.backend, event.answer))
-        elif event.phase == "cancelled" and self.calls.waiting_in(event.epoch):  # its calls' response is over
-            self.calls.forget_attempt(event.epoch)
-        elif event.phase == "cancelled":  # superseded: routine in KAME (a newer attempt took over), not a
-            # failure; clients (Pipecat) report response.incomplete/failed as errors, so it ends "completed"
-            # with the status that says what happened
-            self._response(event.epoch, "response.completed", response={
-                **self._response_object(event.epoch, "cancelled", event.backend, event.answer),
-                "incomplete_details": {"reason": "superseded"}})
-        else:  # failed: the next attempt may still answer; the session goes on
-            self._response(event.epoch, "response.failed", response={
-                **self._response_object(event.epoch, "failed", event.backend),
-                "error": {"code": event.error_kind or "server_error", "message": event.error or "failed"}})
-
-    def _response_object(self, epoch: int, status: str, backend: str, text: str | None = None) -> dict:
-        response = {"id": self._attempts[epoch][1], "object": "response", "status": status,
-                    "model": self.config.responses.get("model") or backend}
-        if text is not None:
-            response["output"] = [{"type": "message", "role": "assistant", "status": "completed",
-                                   "content": [{"type": "output_text", "text": text}]}] if text else []
-        return response
-
-    def _response(self, epoch: int, kind: str, **fields) -> None:
-        self.outbox.emit("response.event", delegation_id=self._attempts[epoch][0], event={"type": kind, **fields})
-
-    # ---------------------------------------------------------------- the client's function tools
-
-    def _tool_round(self, event: ToolRound) -> None:
-        """A round of the backend's tool calls: the client's functions among them come out as the response's
-        function_call items, and the response completes, waiting for their outputs (`response.create`)."""
-        mine = [(call_id, name, arguments) for call_id, name, arguments in event.calls
-                if any(spec.name == name for spec in self.config.tools)]
-        if not mine or event.epoch not in self._attempts:
-            return
-        for index, (call_id, name, arguments) in enumerate(mine):
-            item = {"type": "function_call", "id": new_id("fc"), "call_id": call_id, "name": name,
-                    "arguments": arguments, "status": "in_progress"}
-            self._response(event.epoch, "response.output_item.added", output_index=index, item=item)
-            self._response(event.epoch, "response.function_call_arguments.done", output_index=index,
-                           item_id=item["id"], arguments=arguments)
-            self._response(event.epoch, "response.output_item.done", output_index=index,
-                           item={**item, "status": "completed"})
-            self.calls.announce(call_id, event.epoch)
-        self._response(event.epoch, "response.completed", response={
-            **self._response_object(event.epoch, "completed", self.config.backend), "output": []})
-
     def call_ended(self, call_id: str, outcome: str) -> None:
-        """The backend stopped waiting for a call: "answered", "timeout" (an error event says so, and the attempt
-        goes on without it) or "cancelled" (its attempt was superseded: a late output is taken quietly)."""
-        epoch = self.calls.end(call_id)
-        if outcome != "timeout":
-            return
-        self.outbox.error(LiveError("function_call_output_timeout", f"No output came for function call {call_id} "
-                                    f"within {self.facts.tool_timeout_s:g} s: the backend answers without it.",
-                                    kind="server_error"))
-        if epoch is not None and epoch in self._attempts:
-            self._continue(epoch)
-
-    def _item_create(self, item) -> None:
-        if item.type == "function_call_output":
-            self.calls.output(item.call_id, item.output if isinstance(item.output, str) else json.dumps(
-                [part.model_dump(exclude_none=True) for part in item.output]))
-        elif item.type == "message" and item.role in ("user", "system", "developer"):
-            text = " ".join(part.text for part in item.content if hasattr(part, "text")) if not isinstance(
-                item.content, str) else item.content
-            self.outbox.call(PlannerCall("add_context", ("user" if item.role == "user" else "context", text)))
-        else:
-            raise LiveError("unsupported_parameter", f"response.item.create takes function_call_output items and "
-                            f"messages here, not {item.type!r}.", "item.type")
-
-    def _response_create(self) -> None:
-        """Continue the responses waiting for the outputs (all of them, or an error naming the missing), or, with
-        none waiting, ask the backend for a response now."""
-        released = self.calls.release()
-        if released is None:
-            self.outbox.call(PlannerCall("request_attempt"))
-            return
-        answers, resumed = released
-        for call_id, output in answers:
-            self.outbox.call(AnswerCall(call_id, output))
-        for epoch in resumed:
-            if epoch in self._attempts:
-                self._continue(epoch)
-
-    def _continue(self, epoch: int) -> None:
-        """The attempt goes on after its function calls: a response of its own, in the same delegation."""
-        delegation_id, _ = self._attempts[epoch]
-        self._attempts[epoch] = (delegation_id, new_id("resp"))
-        self._response(epoch, "response.created", response=self._response_object(epoch, "in_progress",
-                                                                                 self.config.backend))
+        """The backend stopped waiting for a client function call (`ResponsesEvents.call_ended`)."""
+        self.responses.call_ended(call_id, outcome, self.config)
 
     def delegated(self, delegation_id: str, target: str = "client", response_id: str | None = None
                   ) -> None:
@@ -442,9 +287,9 @@ class LiveMapping:
             case "session.commentary.append" | "session.thinking.append" | "session.instructions.append":
                 self._context(kind.split(".")[1], event.content, event.delegation_id, event_id)
             case "response.item.create":
-                self._item_create(event.item)
+                self.responses.item_create(event.item)
             case "response.create":
-                self._response_create()
+                self.responses.response_create(self.config)
             case "session.close":
                 self.close("close_requested", now, event_id)
 
