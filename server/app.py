@@ -26,7 +26,7 @@ from server.access import AccessControl, Refusal
 from server.codec_process import CodecPool
 from server.fronts import FrontPlan
 from server.http_errors import error_response
-from server.live import sideband
+from server.live import recording, sideband
 from server.live.adapter import LiveSession
 from server.realtime import RealtimeSession
 from server.services import Services
@@ -242,6 +242,11 @@ def create_app(settings: ServerSettings, services: Services | None = None,
     async def client_secret(request: Request) -> Response:
         """A short-lived client secret for a browser, minted with the server's token (docs/live.md)."""
         return await client_secrets.create(request, access)
+
+    @app.get("/v1/live/sessions/{session_id}/content")
+    async def live_recording(request: Request, session_id: str) -> Response:
+        """A finished session's recording (the SDK's `download_recording`), where the server records."""
+        return await recording.download(request, session_id, settings.record_dir, access)
 
     @app.websocket("/v1/live/sessions/{session_id}/attach")
     async def live_sideband(ws: WebSocket, session_id: str) -> None:
