@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import uuid
@@ -83,11 +84,30 @@ def scripted_answer(body: dict) -> ScriptedReply:
     client's `get_weather` tool for a question about the weather, it calls it, then answers from its output."""
     if (weather := weather_answer(body)) is not None:
         return weather
+    if (decision := decision_answer(body)) is not None:
+        return decision
     last_line = body["messages"][-1]["content"].split("\n")[-1].lower()
     for key, (_, answer) in QUESTIONS.items():
         if key in last_line or (key == "spider" and "legs" in last_line):
             return ScriptedReply(text=answer + ".")
     return ScriptedReply(text="Let me think.")
+
+
+def decision_answer(body: dict) -> ScriptedReply | None:
+    """Decision questions (kame/backend/decide.py): a predicate is true if the conversation mentions France, a
+    choice takes its first option, a score its last level; each with confidence 0.8."""
+    if not body["messages"][0]["content"].startswith("You judge a live voice conversation"):
+        return None
+    asked = body["messages"][-1]["content"]
+    answers = []
+    for index, kind, options in re.findall(r"^(\d+)\. \[(\w+)\][^\n]*?(?:Options: (.*))?$", asked, re.M):
+        if kind == "predicate":
+            answer = "france" in asked.lower()
+        else:
+            values = [json.loads(part.split(" = ")[0]) for part in options.split("; ")]
+            answer = values[0] if kind == "choice" else values[-1]
+        answers.append({"index": int(index), "answer": answer, "confidence": 0.8})
+    return ScriptedReply(text=json.dumps({"answers": answers}))
 
 
 def weather_answer(body: dict) -> ScriptedReply | None:

@@ -25,6 +25,7 @@ class CircuitBreakerLLM:
         self.inner, self.threshold, self.cooldown_s = inner, threshold, cooldown_s
         self.name = inner.name
         self.supports_tools = getattr(inner, "supports_tools", False)
+        self.structured_output = getattr(inner, "structured_output", False)
         self.clock = clock or MonotonicClock()
         self.failures = 0
         self.opened_at: float | None = None

@@ -126,6 +126,7 @@ class OpenAICompatibleLLM:
         self.profile = profile
         self.name = profile.name
         self.supports_tools = profile.tools
+        self.structured_output = True  # takes `response_format` (a JSON schema the answer follows)
         self._client: openai.AsyncOpenAI | None = None
 
     def _get_client(self) -> openai.AsyncOpenAI:
@@ -137,9 +138,12 @@ class OpenAICompatibleLLM:
         return self._client
 
     async def stream_chat(self, messages: list[ChatMessage], tools: list[ToolSpec] | None = None,
-                          tool_choice: str | dict | None = None) -> AsyncIterator[str | ToolCalls]:
+                          tool_choice: str | dict | None = None,
+                          response_format: dict | None = None) -> AsyncIterator[str | ToolCalls]:
         client = self._get_client()
         extra = {"tools": [tool.openai() for tool in tools]} if tools else {}
+        if response_format is not None:
+            extra["response_format"] = response_format
         if tools and tool_choice is not None:  # "none": the tools are listed (the history has calls), not offered
             extra["tool_choice"] = tool_choice
         assembler = ToolCallAssembler()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kame.backend.decide import Question
 from kame.tools.base import ToolSpec
 from server.realtime.actions import AnswerCall, Send, SessionCall
 
@@ -43,6 +44,20 @@ class ClientTools:
 
 
 @dataclass(frozen=True)
+class Decide:
+    """Evaluate Decision questions on the conversation and `inputs` (the Decision items), for a delegation, a
+    trigger's transcript delta, or a client's `decision.create`; the mapping sends the result (`decided`)."""
+
+    questions: tuple[Question, ...]
+    inputs: tuple[str, ...]
+    delegation_id: str | None = None
+    trigger_id: str | None = None
+    source_event_id: str | None = None
+    source_event_type: str | None = None
+    client_event_id: str | None = None
+
+
+@dataclass(frozen=True)
 class Play:
     """One frame of the assistant's audio for the media track (WebRTC), float32 at 24 kHz."""
 
@@ -57,4 +72,5 @@ class Finish:
     reason: str
 
 
-Action = Send | SessionCall | PlannerCall | Delegate | Commentary | ClientTools | AnswerCall | Play | Finish
+Action = (Send | SessionCall | PlannerCall | Delegate | Commentary | ClientTools | AnswerCall | Decide | Play
+          | Finish)

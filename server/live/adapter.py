@@ -18,6 +18,8 @@ import time
 from starlette.websockets import WebSocket
 
 from kame.audio import FRAME_S
+from kame.backend.decide import decide
+from kame.backend.llm import LLMError
 from kame.clock import Clock, MonotonicClock
 from kame.codec import pcm16_encode
 from kame.protocol import ProtocolError
@@ -69,6 +71,7 @@ class LiveCarrier:
         self.sidebands: set = set()  # `sideband.Sideband`s watching this session
         self._snapshot: dict | None = None  # the latest session.started or .updated
         self._calls: dict[str, asyncio.Future[str]] = {}  # the client's function calls, by call_id
+        self._tasks: set[asyncio.Task] = set()  # decisions being made
         self.finished: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
 
     def _on_time(self, now: float) -> None:
@@ -106,6 +109,8 @@ class LiveCarrier:
                     waiting = self._calls.get(call_id)
                     if waiting is not None and not waiting.done():
                         waiting.set_result(output)
+                case act.Decide():
+                    self._spawn(self._decide(action), "decide")
                 case act.Commentary(delegation_id=delegation_id, text=text):
                     if not self.backend.commentary(delegation_id, text):
                         tandem.planner.request_attempt()  # no delegation open: one starts with it
@@ -139,6 +144,25 @@ class LiveCarrier:
             self._calls.pop(call_id, None)
             self.mapping.call_ended(call_id, outcome)
             self.carry_out(finish=False)
+
+    async def _decide(self, action: act.Decide) -> None:
+        """One evaluation of Decision questions with the session's backend profile (the mapping's `decided`
+        sends it); a failure is an error event, never the session's end."""
+        runtime, profile = self.tandem.runtime, self.tandem.backend
+        try:
+            decision = await decide(runtime.llm(profile), runtime.profiles[profile].model, list(action.questions),
+                                    self.tandem.planner.conversation, list(action.inputs))
+        except LLMError as exc:
+            self.mapping.decided(action, None, str(exc))
+        else:
+            self.mapping.decided(action, decision)
+        self.carry_out(finish=False)
+
+    def _spawn(self, coro, name: str) -> None:
+        """A task of this session's, kept until it ends (a decision outlives the call that asked for it)."""
+        task = asyncio.get_running_loop().create_task(coro, name=f"live-{self.mapping.facts.session_id}-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def observe(self, event: SessionEvent) -> None:
         """The session's audio for sidebands: the assistant's frames, timed on the session's timeline."""

@@ -13,6 +13,7 @@ from openai.types.live import SessionConfig, SessionUpdateConfig
 
 from kame.aec import EchoOptions
 from kame.audio import SAMPLE_RATE
+from kame.backend.decide import Question
 from kame.codec import pcm16_decode, pcm16_encode
 from kame.tools.base import TOOL_NAME, ToolSpec
 from server.live.client_events import LiveError
@@ -54,15 +55,14 @@ class LiveConfig:
     substituted: str | None = None  # responses.model named no profile: the one used instead
     tools: tuple[ToolSpec, ...] = ()  # responses.tools: the client's function tools
     tool_choice: str | dict | None = None  # responses.tool_choice, as Chat Completions takes it
+    decisions: dict = dataclasses.field(default_factory=dict)  # decisions delegation's settings as given (echoed)
+    triggers: tuple[dict, ...] = ()  # session.triggers as given (echoed): at most one per transcript event type
 
     @classmethod
     def start(cls, session: SessionConfig, facts: LiveFacts, transport: str) -> LiveConfig:
         """The config `session.start` asks for; LiveError for what this server cannot do."""
         delegation = session.delegation
         kind = "client" if delegation is None else delegation.type
-        if kind == "decisions":
-            raise LiveError("unsupported_delegation", "Decisions delegation is not supported by this server; "
-                            "use 'responses' or 'client'.", "session.delegation.type")
         audio_format = dict(DEFAULT_FORMAT)
         if session.audio is not None and session.audio.format is not None:
             if transport != "websocket":
@@ -73,30 +73,31 @@ class LiveConfig:
                 raise LiveError("invalid_value", "G.711 audio uses 8000 Hz.", "session.audio.format.rate")
         voice = session.audio.output.voice if session.audio and session.audio.output else None
         responses = delegation.responses.model_dump(exclude_none=True) if kind == "responses" else {}
-        backend, substituted = _profile(responses.get("model"), facts)
-        if session.triggers:
-            raise LiveError("unsupported_parameter", "Decisions triggers are not supported by this server.",
-                            "session.triggers")
+        decisions = delegation.decisions.model_dump(exclude_none=True) if kind == "decisions" else {}
+        backend, substituted = _profile((responses or decisions).get("model"), facts)
+        triggers = _triggers(session.triggers or [])
+        ack_default = DECISIONS_ACK_MS if kind == "decisions" else 0
         history = tuple((item.role, " ".join(part.text for part in item.content)) for item in session.input or ())
         tools, tool_choice = client_tools(responses)
+        ack = delegation.acknowledgement_delay_ms if delegation is not None else None
         return cls(model=session.model, delegation=kind, backend=backend, responses=responses,
                    instructions=(session.instructions or "").strip() or None,
-                   acknowledgement_delay_ms=(delegation.acknowledgement_delay_ms or 0) if delegation else 0,
+                   acknowledgement_delay_ms=ack_default if ack is None else ack,
                    audio_format=audio_format, voice=voice if isinstance(voice, str) else DEFAULT_VOICE,
-                   history=history, substituted=substituted, tools=tools, tool_choice=tool_choice)
+                   history=history, substituted=substituted, tools=tools, tool_choice=tool_choice,
+                   decisions=decisions, triggers=triggers)
 
     def updated(self, update: SessionUpdateConfig, facts: LiveFacts) -> LiveConfig:
-        """This config with `session.update` (delegation settings only; the type stays)."""
-        if update.triggers:
-            raise LiveError("unsupported_parameter", "Decisions triggers are not supported by this server.",
-                            "session.triggers")
+        """This config with `session.update` (delegation settings and triggers; the delegation type stays)."""
+        new = self
+        if update.triggers is not None:  # omitted: kept; a list: replaces them; []: none
+            new = dataclasses.replace(new, triggers=_triggers(update.triggers))
         delegation = update.delegation
         if delegation is None:
-            return self
+            return new
         if delegation.type != self.delegation:
             raise LiveError("invalid_value", f"The delegation type cannot change (it is {self.delegation!r}).",
                             "session.delegation.type")
-        new = self
         if delegation.acknowledgement_delay_ms is not None:
             new = dataclasses.replace(new, acknowledgement_delay_ms=delegation.acknowledgement_delay_ms)
         given = getattr(delegation, "responses", None)
@@ -106,6 +107,11 @@ class LiveConfig:
             tools, tool_choice = client_tools(responses)
             new = dataclasses.replace(new, responses=responses, backend=backend, substituted=substituted,
                                       tools=tools, tool_choice=tool_choice)
+        given = getattr(delegation, "decisions", None)
+        if given is not None:
+            decisions = {**self.decisions, **given.model_dump(exclude_none=True)}
+            backend, substituted = _profile(decisions.get("model"), facts)
+            new = dataclasses.replace(new, decisions=decisions, backend=backend, substituted=substituted)
         return new
 
     def with_instructions(self, text: str) -> LiveConfig:
@@ -120,11 +126,11 @@ class LiveConfig:
 
     def resource(self, facts: LiveFacts) -> dict:
         """The session resource (`SessionResource`): the resolved config and the server's metadata."""
-        if self.delegation == "client":
-            delegation = {"type": "client", "acknowledgement_delay_ms": self.acknowledgement_delay_ms}
-        else:
-            delegation = {"type": "responses", "acknowledgement_delay_ms": self.acknowledgement_delay_ms,
-                          "responses": {**self.responses, "model": self.responses.get("model") or self.backend}}
+        delegation = {"type": self.delegation, "acknowledgement_delay_ms": self.acknowledgement_delay_ms}
+        if self.delegation == "responses":
+            delegation["responses"] = {**self.responses, "model": self.responses.get("model") or self.backend}
+        elif self.delegation == "decisions":
+            delegation["decisions"] = {**self.decisions, "model": self.decisions.get("model") or self.backend}
         resource = {"id": facts.session_id, "expires_at": facts.expires_at,
                     "model": self.model, "status": "active", "delegation": delegation,
                     "audio": {"output": {"voice": self.voice}}}
@@ -132,7 +138,20 @@ class LiveConfig:
             resource["audio"]["format"] = self.audio_format
         if self.instructions is not None:
             resource["instructions"] = self.instructions
+        if self.triggers:
+            resource["triggers"] = list(self.triggers)
         return resource
+
+    def questions(self) -> tuple[Question, ...]:
+        """Decisions delegation's questions, as the backend asks them."""
+        return tuple(Question.of(q) for q in self.decisions.get("questions") or ())
+
+    def trigger_questions(self, event_type: str) -> tuple[Question, ...]:
+        """The questions of the trigger on `event_type` (a transcript delta's type); () when none is set."""
+        for trigger in self.triggers:
+            if trigger["event_type"] == event_type:
+                return tuple(Question.of(q) for q in trigger["decisions"]["questions"])
+        return ()
 
     def decoder(self):
         """bytes of the client's format -> float32 at 24 kHz, streaming: the Realtime endpoint's codecs
@@ -157,6 +176,20 @@ class LiveConfig:
     @property
     def bytes_per_sample(self) -> int:
         return 2 if self.audio_format["type"] == "audio/pcm" else 1
+
+
+DECISIONS_ACK_MS = 400  # Decisions delegation's default acknowledgement delay (the protocol's)
+
+
+def _triggers(triggers: list) -> tuple[dict, ...]:
+    """`session.triggers` as given; LiveError for two on one transcript event type."""
+    given = tuple(trigger.model_dump(exclude_none=True) for trigger in triggers)
+    seen = [trigger["event_type"] for trigger in given]
+    for index, event_type in enumerate(seen):
+        if event_type in seen[:index]:
+            raise LiveError("invalid_value", f"At most one trigger per event type: {event_type!r} has two.",
+                            f"session.triggers[{index}].event_type")
+    return given
 
 
 TOOLS_PARAM = "session.delegation.responses.tools"

@@ -42,6 +42,7 @@ from server.live.actions import (
 )
 from server.live.client_events import LiveError
 from server.live.config import LiveConfig, LiveFacts
+from server.live.decisions import Decisions
 from server.live.outbox import LiveOutbox
 from server.live.responses import ResponsesEvents
 from server.live.stable_text import StableWords
@@ -55,10 +56,8 @@ MAX_CONTENT_TOKENS = 500  # of each commentary, thinking or instructions append
 MAX_DELEGATIONS = 256  # delegations remembered (their ids, their attempts)
 UNSUPPORTED = {
     "session.output_audio.fixture.play": "audio fixtures are not supported by this server",
-    "decision.create": "Decisions are not supported by this server",
-    "decision.item.create": "Decisions are not supported by this server",
-    "decision.item.delete": "Decisions are not supported by this server",
 }
+CLIENT_WORDS = ("client", "decisions")  # delegations whose words are the client's commentary
 RESPONSES_ONLY = ("response.item.create", "response.create")  # the client's side of its function tools
 
 
@@ -86,6 +85,7 @@ class LiveMapping:
         self._next_usage: float | None = None
         self._delegations: collections.OrderedDict[str, None] = collections.OrderedDict()  # ids announced
         self.responses = ResponsesEvents(self.outbox, self.delegated, facts.tool_timeout_s)
+        self.decisions = Decisions(self.outbox)
 
     def take(self) -> list[Action]:
         return self.outbox.take()
@@ -116,7 +116,7 @@ class LiveMapping:
         self._decode, self._encode = self.echo.decoder(config.decoder()), self.echo.encoder(config.encoder())
         self._next_usage = now + self.facts.usage_interval_s
         self.outbox.call(SessionCall("configure", (config.backend, config.system_prompt(self.facts))))
-        if config.delegation == "client":
+        if config.delegation in CLIENT_WORDS:
             self.outbox.call(Delegate())
         elif config.tools or config.tool_choice:
             self.outbox.call(ClientTools(config.tools, config.tool_choice))
@@ -205,8 +205,8 @@ class LiveMapping:
                 self.outbox.call(Play(event.pcm))
         elif isinstance(event, AssistantText):
             start = round(event.frame * FRAME_S * 1000)
-            self.outbox.emit("session.output_transcript.delta", delta=event.text, start_ms=start,
-                             end_ms=start + round(FRAME_S * 1000))
+            self._triggered(self.outbox.emit("session.output_transcript.delta", delta=event.text, start_ms=start,
+                                             end_ms=start + round(FRAME_S * 1000)))
         elif isinstance(event, Transcript):
             self._transcript(event)
         elif isinstance(event, LLMAttempt | ToolRound) and self.config.delegation == "responses":
@@ -224,15 +224,28 @@ class LiveMapping:
         start = max(self._transcript_ms, round(event.start_s * 1000))
         end = max(start, round(event.end_s * 1000))
         self._transcript_ms = end
-        self.outbox.emit("session.input_transcript.delta", delta=delta, start_ms=start, end_ms=end)
+        self._triggered(self.outbox.emit("session.input_transcript.delta", delta=delta, start_ms=start, end_ms=end))
+
+    def _triggered(self, delta_event: dict) -> None:
+        """A transcript delta went out: the trigger on its type, if any, fires for it."""
+        if self.config.triggers:
+            self.decisions.transcript(self.config.trigger_questions(delta_event["type"]), delta_event)
+
+    def decided(self, action, decision: dict | None, error: str | None = None) -> None:
+        """A decision the carrier evaluated (`Decide`): its event, or an error."""
+        self.decisions.decided(action, decision, error)
 
     def call_ended(self, call_id: str, outcome: str) -> None:
         """The backend stopped waiting for a client function call (`ResponsesEvents.call_ended`)."""
         self.responses.call_ended(call_id, outcome, self.config)
 
-    def delegated(self, delegation_id: str, target: str = "client", response_id: str | None = None
+    def delegated(self, delegation_id: str, target: str | None = None, response_id: str | None = None
                   ) -> None:
-        """A delegation begins (a planner attempt): the client is told where on the timeline."""
+        """A delegation begins (a planner attempt): the client is told where on the timeline (`target`: the
+        session's delegation type by default); Decisions delegation's questions are evaluated for it."""
+        target = target or self.config.delegation
+        if target == "decisions":
+            self.decisions.delegated(self.config.questions(), delegation_id)
         self._delegations[delegation_id] = None
         while len(self._delegations) > MAX_DELEGATIONS:
             self._delegations.popitem(last=False)
@@ -290,6 +303,12 @@ class LiveMapping:
                 self.responses.item_create(event.item)
             case "response.create":
                 self.responses.response_create(self.config)
+            case "decision.create":
+                self.decisions.create(self.config.questions(), event_id)
+            case "decision.item.create":
+                self.decisions.item_create(event.item, event_id)
+            case "decision.item.delete":
+                self.decisions.item_delete(event.item_id, event_id)
             case "session.close":
                 self.close("close_requested", now, event_id)
 
@@ -320,7 +339,7 @@ class LiveMapping:
         if kind == "instructions":
             self.config = self.config.with_instructions(text)
             self.outbox.call(SessionCall("configure", (None, self.config.system_prompt(self.facts))))
-        elif kind == "commentary" and self.config.delegation == "client" and text:
+        elif kind == "commentary" and self.config.delegation in CLIENT_WORDS and text:
             self.outbox.call(Commentary(delegation_id, text))
         elif text:  # silent context; in responses delegation a commentary too: the LLM reads it
             self.outbox.call(PlannerCall("add_context", ("context", text)))

@@ -23,8 +23,10 @@ class LiveOutbox:
             event["client_event_id"] = client_event_id
         return event
 
-    def emit(self, type_: str, droppable: bool = False, client_event_id: str | None = None, **fields) -> None:
-        self._actions.append(Send(self.event(type_, client_event_id, **fields), droppable))
+    def emit(self, type_: str, droppable: bool = False, client_event_id: str | None = None, **fields) -> dict:
+        event = self.event(type_, client_event_id, **fields)
+        self._actions.append(Send(event, droppable))
+        return event
 
     def error_event(self, exc: LiveError) -> dict:
         error = {"type": exc.kind, "code": exc.code, "message": str(exc)}
