@@ -182,3 +182,19 @@ def test_decisions_through_the_sdk(tandem_server, scripted_llm):
     requests = scripted_llm.requests[before:]
     assert any(r.get("response_format", {}).get("type") == "json_schema" for r in requests)
     assert not events.of("error")
+
+
+def test_an_unanswered_delegation_is_acknowledged_after_the_delay_unless_the_client_speaks():
+    rig = Rig()
+    rig.start(delegation=decisions(acknowledgement_delay_ms=500))
+    rig.mapping.delegated("deleg_1")
+    rig.events()
+    assert rig.mapping.wake_at() <= rig.now + 0.5
+    rig.time(0.3)
+    assert rig.of(act.Commentary) == []
+    rig.time(0.3)
+    assert [(c.delegation_id, c.text) for c in rig.of(act.Commentary)] == [("deleg_1", "One moment.")]
+    rig.mapping.delegated("deleg_2")
+    rig.send(type="session.thinking.append", delegation_id=None, content="Looking it up.")
+    rig.time(1.0)
+    assert len(rig.of(act.Commentary)) == 1  # thinking cancelled deleg_2's acknowledgement

@@ -108,9 +108,9 @@ def test_a_responses_model_no_profile_serves_gets_the_default_profile_and_an_inf
     ({"type": "session.start", "session": {"model": "m", "audio": {"format": {"type": "audio/pcm", "rate": 8000}}}},
      "invalid_value", "session.audio.format.rate"),
     ({"type": "session.start", "session": {}}, "missing_required_parameter", "session.model"),
-    ({"type": "session.start", "session": {"model": "m", "delegation": {"type": "decisions",
-                                                                        "decisions": {"model": "x", "questions": []}}}},
-     "unsupported_delegation", "session.delegation.type"),
+    ({"type": "session.start", "session": {"model": "m", "delegation": {
+        "type": "responses", "responses": {"model": "x", "tools": [{"type": "web_search"}]}}}},
+     "unsupported_parameter", "session.delegation.responses.tools[0].type"),
     ({"type": "session.start", "session": {"model": "m", "input": [{"role": "user", "content": [{"txt": "a"}]}]}},
      "unknown_parameter", "session.input[0].content[0].txt"),
     ({"type": "session.begin"}, "invalid_value", "type"),
@@ -290,8 +290,7 @@ def test_instructions_append_extends_the_prompt_and_update_changes_delegation_se
 def test_unsupported_events_are_refused_and_the_session_goes_on():
     rig = Rig()
     rig.start(delegation={"type": "responses", "responses": {"model": "scripted"}})
-    for event in ({"type": "decision.item.delete", "item_id": "x"},
-                  {"type": "session.output_audio.fixture.play", "fixture": {"id": "f"}}):
+    for event in ({"type": "session.output_audio.fixture.play", "fixture": {"id": "f"}},):
         err = rig.error(**event)
         assert err.code in ("unsupported_event", "missing_required_parameter", "unknown_parameter")
     rig.send(type="session.input_audio.mute")

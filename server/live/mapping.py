@@ -58,6 +58,9 @@ UNSUPPORTED = {
     "session.output_audio.fixture.play": "audio fixtures are not supported by this server",
 }
 CLIENT_WORDS = ("client", "decisions")  # delegations whose words are the client's commentary
+# what the voice says for a delegation the client has not answered within acknowledgement_delay_ms (> 0: Decisions
+# delegation's default is 400; the model may still speak before it, and any commentary or thinking cancels it)
+ACKNOWLEDGEMENT = "One moment."
 RESPONSES_ONLY = ("response.item.create", "response.create")  # the client's side of its function tools
 
 
@@ -84,6 +87,7 @@ class LiveMapping:
         self._transcript_ms = 0  # where the last input transcript delta ended
         self._next_usage: float | None = None
         self._delegations: collections.OrderedDict[str, None] = collections.OrderedDict()  # ids announced
+        self._acks: dict[str, float] = {}  # delegation -> when its automatic acknowledgement is due
         self.responses = ResponsesEvents(self.outbox, self.delegated, facts.tool_timeout_s)
         self.decisions = Decisions(self.outbox)
 
@@ -149,7 +153,7 @@ class LiveMapping:
     def wake_at(self) -> float | None:
         if not self.started or self.closed:
             return None
-        return min(self._silence_at(), self._next_usage)
+        return min(self._silence_at(), self._next_usage, *self._acks.values())
 
     def on_time(self, now: float) -> None:
         """Silence is fed when the client's audio falls behind the clock (the front-end hears time
@@ -164,6 +168,10 @@ class LiveMapping:
         if now >= self._next_usage:
             self._next_usage = now + self.facts.usage_interval_s
             self.outbox.emit("session.usage.updated", usage=self._usage(now))
+        for delegation_id, at in list(self._acks.items()):
+            if now >= at:  # nothing came from the client yet: the voice acknowledges the request
+                del self._acks[delegation_id]
+                self.outbox.call(Commentary(delegation_id, ACKNOWLEDGEMENT))
 
     def _silence_at(self) -> float:
         return self._started_at + self._pushed_s + SILENCE_SLACK_S
@@ -246,6 +254,10 @@ class LiveMapping:
         target = target or self.config.delegation
         if target == "decisions":
             self.decisions.delegated(self.config.questions(), delegation_id)
+        if target in CLIENT_WORDS and self.config.acknowledgement_delay_ms > 0:
+            # on the session's clock (the audio heard, fed silence included: it follows the time)
+            self._acks[delegation_id] = (self._started_at + self._pushed_s
+                                         + self.config.acknowledgement_delay_ms / 1000)
         self._delegations[delegation_id] = None
         while len(self._delegations) > MAX_DELEGATIONS:
             self._delegations.popitem(last=False)
@@ -336,6 +348,8 @@ class LiveMapping:
                 raise LiveError("invalid_value", f"No delegation {delegation_id!r} in this session.",
                                 "delegation_id")
         text = " ".join(content.split())
+        if kind in ("commentary", "thinking"):
+            self._acks.clear()  # the protocol: any commentary or thinking cancels every pending acknowledgement
         if kind == "instructions":
             self.config = self.config.with_instructions(text)
             self.outbox.call(SessionCall("configure", (None, self.config.system_prompt(self.facts))))
