@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import re
@@ -152,20 +151,13 @@ def wait_for_free_slots(url: str, wanted: int, limit_s: float = 10.0) -> None:
 
 def measure(url: str, sessions: int, seconds: float, transport: str = "moshi",
             speech: np.ndarray | None = None, processes: int = 1, server_pid: int | None = None) -> dict:
-    first_frame = 0
-    if transport == "live-webrtc":  # where on the track the frames begin (a WebSocket session's first audio)
-        from client.live_client import first_sounding_frame
-
-        wait_for_free_slots(url, 1, limit_s=30)
-        first_frame = asyncio.run(first_sounding_frame(url))
     wait_for_free_slots(url, sessions, limit_s=30)  # a loaded server releases the last level's slots late
     before, started = scrape(url), time.monotonic()
     tree_before = tree_cpu_s(server_pid) if server_pid else None
     if processes > 1:
-        run, client_cpu = load_level_in_processes(url, sessions, seconds, processes, transport, speech, first_frame)
+        run, client_cpu = load_level_in_processes(url, sessions, seconds, processes, transport, speech)
     else:
-        run, client_cpu = load_level_timed(url, sessions, seconds, transport=transport, speech=speech,
-                                           first_frame=first_frame)
+        run, client_cpu = load_level_timed(url, sessions, seconds, transport=transport, speech=speech)
     after, wall = scrape(url), time.monotonic() - started
     tree_cores = None if tree_before is None else round((tree_cpu_s(server_pid) - tree_before) / wall, 3)
     steps = after.get("step_count", 0) - before.get("step_count", 0)
@@ -190,7 +182,6 @@ def measure(url: str, sessions: int, seconds: float, transport: str = "moshi",
                                     "p99_under": bucket_bound_ms(before, after, "latency", 0.99)},
         "server_frames_dropped": {d: after.get(f"dropped_{d}", 0) - before.get(f"dropped_{d}", 0)
                                   for d in ("in", "out")},
-        "first_frame": first_frame if transport == "live-webrtc" else None,
         "client_cpu_cores": round(client_cpu / wall, 2),  # the load generator's own, beside the server's
         "loop_lag_ms": loop_lag(before, after),
         "server_rss_mb": round(after.get("rss_bytes", 0) / 2**20),

@@ -144,7 +144,7 @@ class LatencyRun:
 REALTIME_LOAD_SESSION = {"kame": {"activity": "text+audio", "feed_silence": False, "events": True}}
 
 
-async def _connect(url: str, transport: str, first_frame: int):
+async def _connect(url: str, transport: str):
     """A timed session's client: moshi (/api/chat), realtime (/v1/realtime), live or live-webrtc
     (/v1/live/sessions, client delegation). Each imports its own client: the moshi one needs no aiortc."""
     if transport == "realtime":
@@ -158,14 +158,14 @@ async def _connect(url: str, transport: str, first_frame: int):
     if transport == "live-webrtc":
         from client.live_client import LiveWebRTC
 
-        return await LiveWebRTC.connect(url, first_frame=first_frame)
+        return await LiveWebRTC.connect(url, timing=True)
     return await KameClient.connect(url, events=True)  # events: the stats events' count of dropped frames
 
 
 async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.Random,
-                         transport: str = "moshi", speech: np.ndarray | None = None, first_frame: int = 0) -> None:
+                         transport: str = "moshi", speech: np.ndarray | None = None) -> None:
     try:
-        client = await _connect(url, transport, first_frame)
+        client = await _connect(url, transport)
     except ServerRefused:
         run.refused += 1
         return
@@ -254,27 +254,27 @@ class _MoshiFrames:
 
 
 async def load_level(url: str, sessions: int, seconds: float, seed: int = 0, transport: str = "moshi",
-                     speech: np.ndarray | None = None, first_frame: int = 0) -> LatencyRun:
+                     speech: np.ndarray | None = None) -> LatencyRun:
     """`sessions` timed sessions at once, each sending noise (or `speech`, 24 kHz, and a pause, looped) in
-    real time. `first_frame`: live-webrtc's first output frame with sound (`first_sounding_frame`)."""
+    real time."""
     run = LatencyRun(sessions, seconds)
     rng = random.Random(seed)
-    await asyncio.gather(*(_timed_session(url, seconds, run, random.Random(rng.random()), transport, speech,
-                                          first_frame) for _ in range(sessions)))
+    await asyncio.gather(*(_timed_session(url, seconds, run, random.Random(rng.random()), transport, speech)
+                           for _ in range(sessions)))
     return run
 
 
 def load_level_timed(url: str, sessions: int, seconds: float, seed: int = 0, transport: str = "moshi",
-                     speech: np.ndarray | None = None, first_frame: int = 0) -> tuple[LatencyRun, float]:
+                     speech: np.ndarray | None = None) -> tuple[LatencyRun, float]:
     """`load_level` run to its end in this process (or a load generator child's share of a level), and
     the CPU seconds it took."""
     cpu = time.process_time()
-    run = asyncio.run(load_level(url, sessions, seconds, seed, transport, speech, first_frame))
+    run = asyncio.run(load_level(url, sessions, seconds, seed, transport, speech))
     return run, time.process_time() - cpu
 
 
 def load_level_in_processes(url: str, sessions: int, seconds: float, processes: int, transport: str = "moshi",
-                            speech: np.ndarray | None = None, first_frame: int = 0) -> tuple[LatencyRun, float]:
+                            speech: np.ndarray | None = None) -> tuple[LatencyRun, float]:
     """A level's sessions spread over `processes` load generators (each session's Opus encoding holds its
     process' GIL for ~1 ms a frame, so one process cannot carry many): their runs merged, and their CPU
     seconds summed."""
@@ -284,7 +284,7 @@ def load_level_in_processes(url: str, sessions: int, seconds: float, processes: 
     shares = [sessions // processes + (i < sessions % processes) for i in range(processes)]
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=context) as pool:
-        parts = list(pool.map(load_level_timed, *zip(*[(url, n, seconds, i, transport, speech, first_frame)
+        parts = list(pool.map(load_level_timed, *zip(*[(url, n, seconds, i, transport, speech)
                                                   for i, n in enumerate(shares) if n], strict=True)))
     merged = LatencyRun(sessions, seconds)
     for run, _ in parts:

@@ -45,6 +45,8 @@ def test_page_talks_gpt_live_over_webrtc_and_draws_the_timeline(tandem_server, q
                 "error_hidden": await page.locator("#error").is_hidden(),
                 "page_errors": page_errors,
                 "stats": await page.evaluate("window.kameStats"),
+                "rtt_label": await page.locator("#rtt-label").text_content(),
+                "jitter_shown": await page.locator("#jitter-figure").is_visible(),
                 "attempts": await page.evaluate(count("#timeline [data-kind=attempt]")),
                 "user_blocks": await page.evaluate(count("#timeline [data-kind=user]")),
                 "assistant_blocks": await page.evaluate(count("#timeline [data-kind=assistant]")),
@@ -70,6 +72,11 @@ def test_page_talks_gpt_live_over_webrtc_and_draws_the_timeline(tandem_server, q
     assert result["error_hidden"] and result["page_errors"] == [], result
     assert result["stats"]["transport"] == "live-webrtc"
     assert result["stats"]["events"] > 10 and result["stats"]["framesPlayed"] > 10  # the remote track played
+    # Chromium's jitter buffer delay, shown as such (the figure for docs/benchmarks.md's WebRTC notes)
+    print(f"Chromium jitter buffer {result['stats']['jitterBufferTrace']} ms (a second each), "
+          f"network round trip {result['stats'].get('networkRttMs')} ms")
+    assert 0 < result["stats"]["jitterBufferMs"] < 1000, result["stats"]
+    assert result["rtt_label"] == "network round trip" and result["jitter_shown"], result
     assert result["attempts"] >= 1 and result["user_blocks"] >= 1 and result["assistant_blocks"] >= 1
     assert result["oracle_resets"] >= 1  # kame.oracle, asked for with ?kame_events=true
     assert result["first_answer"] is not None and result["user_end"] is not None

@@ -17,7 +17,8 @@ const ui = {
   button: $("main-button"), retry: $("retry-button"), status: $("status"), error: $("error"),
   backend: $("backend"), prompt: $("system-prompt"), apply: $("apply-button"),
   user: $("user-transcript"), oracle: $("oracle-text"), assistant: $("assistant-text"),
-  rtt: $("rtt"), ttft: $("ttft"), level: $("level"), played: $("played"),
+  rtt: $("rtt"), rttLabel: $("rtt-label"), jitter: $("jitter"), jitterFigure: $("jitter-figure"),
+  ttft: $("ttft"), level: $("level"), played: $("played"),
   transport: $("transport"), remoteAudio: $("remote-audio"), timeline: $("timeline"),
 };
 

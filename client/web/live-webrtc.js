@@ -32,6 +32,10 @@ export class LiveSession {
     setStatus("connecting");
     const answer = await this.post(this.pc.localDescription.sdp);
     await this.pc.setRemoteDescription({ type: "answer", sdp: answer });
+    // over WebRTC the page cannot pair a frame sent with the frame back: it shows the network's round
+    // trip (the ICE pair's) and the browser's jitter buffer delay, each named for what it is
+    this.page.ui.rttLabel.textContent = "network round trip";
+    this.page.ui.jitterFigure.hidden = false;
     this.stats = setInterval(() => this.readStats(), 1000);
   }
 
@@ -138,9 +142,20 @@ export class LiveSession {
     report.forEach((s) => {
       if (s.type === "candidate-pair" && s.nominated && s.currentRoundTripTime != null) {
         this.page.ui.rtt.textContent = Math.round(s.currentRoundTripTime * 1000);
+        window.kameStats.networkRttMs = s.currentRoundTripTime * 1000;
       } else if (s.type === "inbound-rtp" && s.kind === "audio" && s.totalSamplesReceived != null) {
         window.kameStats.framesPlayed = Math.floor(s.totalSamplesReceived / 3840); // 80 ms at 48 kHz
         this.page.ui.played.textContent = window.kameStats.framesPlayed;
+        const last = this.lastInbound;
+        if (last && s.jitterBufferEmittedCount > last.jitterBufferEmittedCount) {
+          // the mean delay of the samples played since the last reading (a second)
+          const ms = (1000 * (s.jitterBufferDelay - last.jitterBufferDelay))
+            / (s.jitterBufferEmittedCount - last.jitterBufferEmittedCount);
+          window.kameStats.jitterBufferMs = ms;
+          (window.kameStats.jitterBufferTrace ||= []).push(Math.round(ms));
+          this.page.ui.jitter.textContent = Math.round(ms);
+        }
+        this.lastInbound = s;
       } else if (s.type === "outbound-rtp" && s.kind === "audio") {
         window.kameStats.packetsSent = s.packetsSent;
       }
@@ -156,6 +171,8 @@ export class LiveSession {
     if (this.closedByUser) return;
     this.closedByUser = true;
     clearInterval(this.stats);
+    this.page.ui.rttLabel.textContent = "frame round trip"; // the WebSocket transports' figure again
+    this.page.ui.jitterFigure.hidden = true;
     this.send({ type: "session.close" });
     // session.close first: the server answers session.closed and closes; the peer goes in any case
     setTimeout(() => this.pc.close(), 300);

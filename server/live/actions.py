@@ -62,6 +62,7 @@ class Play:
     """One frame of the assistant's audio for the media track (WebRTC), float32 at 24 kHz."""
 
     pcm: np.ndarray
+    frame: int  # the session's frame it answers
 
 
 @dataclass(frozen=True)

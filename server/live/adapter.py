@@ -114,9 +114,9 @@ class LiveCarrier:
                 case act.Commentary(delegation_id=delegation_id, text=text):
                     if not self.backend.commentary(delegation_id, text):
                         tandem.planner.request_attempt()  # no delegation open: one starts with it
-                case act.Play(pcm=pcm):
+                case act.Play(pcm=pcm, frame=frame):
                     if self._play is not None:
-                        self._play(pcm)
+                        self._play(pcm, frame)
                 case act.Finish(code=code, reason=reason):
                     if finish:
                         raise Finished(code, reason)

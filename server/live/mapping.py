@@ -210,7 +210,7 @@ class LiveMapping:
                 delta = base64.b64encode(self._encode(event.pcm)).decode()
                 self.outbox.emit("session.output_audio.delta", droppable=True, delta=delta)
             else:
-                self.outbox.call(Play(event.pcm))
+                self.outbox.call(Play(event.pcm, event.frame))
         elif isinstance(event, AssistantText):
             start = round(event.frame * FRAME_S * 1000)
             self._triggered(self.outbox.emit("session.output_transcript.delta", delta=event.text, start_ms=start,

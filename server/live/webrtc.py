@@ -14,10 +14,10 @@ import contextlib
 import fractions
 import json
 import logging
+from collections.abc import Callable
 
 import av
 import numpy as np
-import soxr
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 from openai.types.live import DataChannelConfig, SessionConfig
@@ -28,6 +28,8 @@ from starlette.responses import JSONResponse
 from kame.audio import SAMPLE_RATE
 from kame.clock import Clock
 from kame.errors import EngineError, SessionError
+from kame.resample2 import Up2
+from kame.rtc import OpusInput, receive_opus, send_cheaply
 from kame.session import TandemSession
 from server.access import AccessControl, Refusal
 from server.http_errors import error_response
@@ -42,7 +44,10 @@ logger = logging.getLogger(__name__)
 EVENTS_LABEL = "oai-events"  # the data channel the client creates
 WIRE_RATE = 48000  # Opus
 PTIME_SAMPLES = 960  # 20 ms at 48 kHz: one RTP packet
-MAX_QUEUED_S = 2.0  # the assistant's audio queued for the track beyond this: the oldest is dropped
+MAX_QUEUED_S = 1.0  # the assistant's audio queued for the track beyond this: the oldest is dropped
+STANDING_TICKS = 8  # the queue's low over the last 8 packets (two frames) is what a late frame left behind
+HURRY_SAMPLES = (120, 240)  # 2.5 or 5 ms (past 40 ms behind) out of a 20 ms packet of speech, cross-faded
+SILENT_PEAK = 1e-3  # of full scale: a packet under it is silence (skippable)
 MEDIA_ONLY = ("idle_timeout_s", "wake_policy")  # WebRTC's additions to SessionConfig (accepted, not acted on)
 WAKE_POLICY_KEYS = {"type", "vad_threshold"}
 SENT_GRACE_S = 0.1  # after SCTP took the last message, before the peer connection closes (unacked)
@@ -50,30 +55,94 @@ SENT_GRACE_S = 0.1  # after SCTP took the last message, before the peer connecti
 
 class AssistantTrack(MediaStreamTrack):
     """The assistant's voice: the mapping's 24 kHz frames (`play`), sent as 20 ms frames at 48 kHz
-    at real-time pace; silence when nothing is queued."""
+    at real-time pace; silence when nothing is queued. Whatever came late (a slow step, the frames
+    made before the peer connected, the user's audio held up and then let through at once) would
+    delay every later packet for good: it is caught up on (`_next_packet`)."""
 
     kind = "audio"
 
-    def __init__(self) -> None:
+    def __init__(self, sent: Callable[[int, int], None] | None = None) -> None:
         super().__init__()
-        self._upsample = soxr.ResampleStream(SAMPLE_RATE, WIRE_RATE, 1, dtype="float32")
+        self._sent = sent  # (frame, packet): a frame's first sample went out in that packet (the bench's timing)
+        self._frames: collections.deque[tuple[int, int]] = collections.deque()  # (frame, its first sample's place)
+        self._queued_total = self._taken_total = 0  # samples ever queued, ever taken (sent, skipped or dropped)
+        self._upsample = Up2()
         self._queued: collections.deque[np.ndarray] = collections.deque()
         self._samples = 0
         self._start: float | None = None
         self._pts = 0
-        self.dropped_samples = 0
+        self.dropped_samples = 0  # speech dropped past MAX_QUEUED_S
+        self.skipped_samples = 0  # silence skipped to catch up
+        self.hurried_samples = 0  # speech cut (cross-faded) to catch up
+        self._levels: collections.deque[int] = collections.deque(maxlen=STANDING_TICKS)  # queued at each tick
 
-    def play(self, pcm: np.ndarray) -> None:
-        chunk = self._upsample.resample_chunk(np.asarray(pcm, np.float32))
+    def play(self, pcm: np.ndarray, frame: int | None = None) -> None:
+        chunk = (np.clip(self._upsample(np.asarray(pcm, np.float32)), -1.0, 1.0) * 32767).astype(np.int16)
+        if self._sent is not None and frame is not None:
+            self._frames.append((frame, self._queued_total))
         self._queued.append(chunk)
         self._samples += len(chunk)
+        self._queued_total += len(chunk)
         while self._samples > MAX_QUEUED_S * WIRE_RATE:  # the peer's clock runs slow: keep it live
             old = self._queued.popleft()
             self._samples -= len(old)
+            self._taken_total += len(old)
             self.dropped_samples += len(old)
 
+    def _next_packet(self) -> np.ndarray:
+        """The next 20 ms. The queue's level swings by a frame (80 ms) as frames arrive; its low over
+        two frames is what is standing: audio that came late and would delay the rest. While that is
+        over a packet, silent packets at the head are skipped and speech is hurried: 22.5 ms (25 ms
+        past 40 ms behind) made into 20, the cut cross-faded (a jitter buffer's 'accelerate', without
+        pitch alignment, so the cut is kept short)."""
+        self._levels.append(self._samples)
+        behind = min(self._levels) - PTIME_SAMPLES if len(self._levels) == STANDING_TICKS else 0
+        while behind > 0 and self._samples > PTIME_SAMPLES and self._head_peak() < SILENT_PEAK:
+            self._take(PTIME_SAMPLES)
+            self._caught_up(PTIME_SAMPLES)
+            self.skipped_samples += PTIME_SAMPLES
+            behind -= PTIME_SAMPLES
+        cut = HURRY_SAMPLES[behind > 0.04 * WIRE_RATE]
+        if behind < cut or self._samples < PTIME_SAMPLES + cut:
+            return self._take(PTIME_SAMPLES)
+        head = self._take(PTIME_SAMPLES + cut).copy()
+        fade = np.linspace(0.0, 1.0, cut, dtype=np.float32)
+        tail = slice(PTIME_SAMPLES - cut, PTIME_SAMPLES)
+        head[tail] = (head[tail] * (1.0 - fade) + head[PTIME_SAMPLES:] * fade).astype(np.int16)
+        self.hurried_samples += cut
+        self._caught_up(cut)
+        return head[:PTIME_SAMPLES]
+
+    def _caught_up(self, samples: int) -> None:
+        """What was standing is less by `samples` in every level kept."""
+        self._levels = collections.deque((level - samples for level in self._levels), maxlen=STANDING_TICKS)
+
+    def _report_sent(self, begins: int) -> None:
+        """Each frame whose first sample was in the packet just made (or was skipped before it)."""
+        while self._frames and self._frames[0][1] < self._taken_total:
+            frame, place = self._frames.popleft()
+            if place >= begins:
+                self._sent(frame, self._pts // PTIME_SAMPLES)
+
+    def _head_peak(self) -> float:
+        peak, seen = 0, 0
+        for chunk in self._queued:
+            part = chunk[:PTIME_SAMPLES - seen]
+            peak, seen = max(peak, int(np.abs(part.astype(np.int32)).max(initial=0))), seen + len(part)
+            if seen >= PTIME_SAMPLES:
+                break
+        return peak / 32767
+
     def _take(self, count: int) -> np.ndarray:
-        out = np.zeros(count, np.float32)
+        """The next `count` samples (int16; a view where one chunk holds them), silence past the queue."""
+        if self._queued and len(head := self._queued[0]) >= count:
+            self._queued[0] = head[count:]
+            if len(head) == count:
+                self._queued.popleft()
+            self._samples -= count
+            self._taken_total += count
+            return head[:count]
+        out = np.zeros(count, np.int16)
         filled = 0
         while filled < count and self._queued:
             chunk = self._queued[0]
@@ -85,6 +154,7 @@ class AssistantTrack(MediaStreamTrack):
                 self._queued[0] = chunk[n:]
             filled += n
         self._samples -= filled
+        self._taken_total += filled
         return out
 
     async def recv(self) -> av.AudioFrame:
@@ -96,7 +166,9 @@ class AssistantTrack(MediaStreamTrack):
         else:  # an absolute schedule: no drift
             self._pts += PTIME_SAMPLES
             await asyncio.sleep(self._start + self._pts / WIRE_RATE - loop.time())
-        pcm16 = (np.clip(self._take(PTIME_SAMPLES), -1.0, 1.0) * 32767).astype(np.int16)
+        begins = self._taken_total
+        pcm16 = self._next_packet()
+        self._report_sent(begins)
         frame = av.AudioFrame.from_ndarray(pcm16.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate, frame.pts, frame.time_base = WIRE_RATE, self._pts, fractions.Fraction(1, WIRE_RATE)
         return frame
@@ -129,16 +201,18 @@ class WebRTCSession(LiveSession):
     transport = "live-webrtc"
 
     def __init__(self, services: Services, config: SessionConfig, events: bool = False,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, timing: bool = False) -> None:
         super().__init__(None, services, events, clock)
         self.config = config
         self.permissions = ChannelPermissions(config.client.data_channel if config.client else None)
+        send_cheaply()
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # host candidates: no STUN round trip
-        self.track = AssistantTrack()
+        self.track = AssistantTrack(self._frame_sent if timing else None)
         self._inbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()  # None: the peer has gone
         self._channel = None
         self._channel_open = asyncio.Event()
         self._remote: MediaStreamTrack | None = None
+        self._opus: OpusInput | None = None  # the user's audio, decoded as it arrives (`answer`)
         self.task: asyncio.Task | None = None  # `run`, started by the POST
         self.answer_sdp = ""
         self._pc_closing: asyncio.Task | None = None
@@ -163,6 +237,8 @@ class WebRTCSession(LiveSession):
             raise LiveError("invalid_sdp", "The offer needs one audio track and a data channel.", "transport.sdp")
         self.pc.addTrack(self.track)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
+        audio = next(t for t in self.pc.getTransceivers() if t.kind == "audio")
+        self._opus = receive_opus(audio, name=f"opus-in-{self.id}")
         return self.pc.localDescription.sdp
 
     async def abandon(self, tandem: TandemSession) -> None:
@@ -181,6 +257,8 @@ class WebRTCSession(LiveSession):
         """Close the peer connection, once, waiting at most CLOSE_LIMIT_S. The close runs in a task of
         its own and is never cut short: aiortc's `close`, once interrupted, makes every later call wait
         forever (and this session's task with it, holding its place among the server's sessions)."""
+        if self._opus is not None:
+            self._opus.close()
         if self._pc_closing is None:
             self._pc_closing = asyncio.get_running_loop().create_task(self.pc.close(), name=f"pc-close-{self.id}")
         try:
@@ -213,6 +291,12 @@ class WebRTCSession(LiveSession):
         if self.pc.connectionState in ("failed", "closed"):
             self._inbox.put_nowait(None)
 
+    def _frame_sent(self, frame: int, packet: int) -> None:
+        """With `?kame_timing=1`: which RTP packet of the track (its index, from 0) carried the start of each
+        of the session's frames, so that a client can time the audio of each frame (the bench)."""
+        if self.mapping is not None:
+            self._enqueue(self.mapping.outbox.event("kame.output_audio.sent", frame=frame, packet=packet), True)
+
     # ---------------------------------------------------------------- LiveSession's hooks, over WebRTC
 
     async def _greet(self, tandem: TandemSession) -> None:
@@ -240,7 +324,13 @@ class WebRTCSession(LiveSession):
         return {"text": message} if isinstance(message, str) else {"bytes": message}
 
     async def _listen(self) -> None:
-        """The user's audio: Opus frames from the track, as 24 kHz mono float32 for the mapping."""
+        """The user's audio as 24 kHz mono float32 for the mapping: from `OpusInput` as each packet
+        decodes, or (another codec) from aiortc's track."""
+        if self._opus is not None:
+            while (pcm := await self._opus.frames.get()) is not None:
+                self.mapping.on_audio(pcm)
+                self.carrier.carry_out()
+            return
         if self._remote is None:
             return
         resample = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
@@ -407,8 +497,9 @@ async def create(request: Request, services: Services, access: AccessControl, se
 async def _start(request: Request, services: Services) -> WebRTCSession:
     settings = services.settings
     config, offer = parse_offer(await read_body(request, settings.max_message_bytes * 4 // 3 + 4096))
-    events = request.query_params.get("kame_events", "").lower() in ("1", "true")
-    session = WebRTCSession(services, config, events)
+    flag = {name: request.query_params.get(name, "").lower() in ("1", "true")
+            for name in ("kame_events", "kame_timing")}
+    session = WebRTCSession(services, config, flag["kame_events"], timing=flag["kame_timing"])
     try:
         tandem = await session.open()
     except SessionError as exc:

@@ -1,0 +1,176 @@
+"""The WebRTC audio path's parts: the reordering gate, the 2:1 resamplers, the Opus input thread (fed
+by aiortc's own Opus encoder, the peer's definition of the packets), the audio level, and the
+assistant's track catching up on a backlog."""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+from dataclasses import dataclass
+
+import av
+import numpy as np
+import pytest
+from aiortc.codecs.opus import OpusEncoder
+from aiortc.rtp import compute_audio_level_dbov
+
+from kame.resample2 import Down2, Up2
+from kame.rtc import OpusInput, ReorderGate, audio_level_dbov, receive_opus
+from server.live.webrtc import PTIME_SAMPLES, AssistantTrack
+
+
+@dataclass
+class Packet:
+    sequence_number: int
+
+
+def released(gate: ReorderGate, *seqs: int) -> list[tuple[int, int]]:
+    out = []
+    for seq in seqs:
+        out += [(lost, p.sequence_number) for lost, p in gate.push(Packet(seq))]
+    return out
+
+
+def test_packets_in_order_go_out_at_once():
+    gate = ReorderGate()
+    assert released(gate, 65534, 65535, 0, 1) == [(0, 65534), (0, 65535), (0, 0), (0, 1)]  # across the wrap
+    assert gate.hold == 0 and gate.lost == 0
+
+
+def test_a_gap_is_given_up_at_once_on_a_link_that_keeps_order_and_waited_for_once_it_reorders():
+    gate = ReorderGate(relax_after=6)
+    assert released(gate, 10, 12) == [(0, 10), (1, 12)]  # 11 lost, no wait
+    assert released(gate, 11) == [] and gate.late == 1 and gate.hold == 1  # it came after all: wait one
+    assert released(gate, 14) == []  # held: 13 may come
+    assert released(gate, 13) == [(0, 13), (0, 14)]  # in order
+    assert released(gate, 16, 17) == [(1, 16), (0, 17)]  # two past the gap: 15 given up
+    assert released(gate, 18, 19, 20, 21) == [(0, s) for s in (18, 19, 20, 21)]
+    assert gate.hold == 0  # six in order since the last late one: the wait shrinks
+
+
+def test_duplicates_and_restarts():
+    gate = ReorderGate()
+    assert released(gate, 5, 6, 6, 5) == [(0, 5), (0, 6)]
+    assert gate.hold == 0 and gate.late == 0  # a duplicate is not reordering
+    assert released(gate, 40000) == [(0, 40000)]  # a new stream
+    assert gate.lost == 0
+
+
+def test_the_resamplers_keep_every_sample_and_the_voice_band():
+    up, down = Up2(), Down2()
+    rate = 24000
+    tone = np.sin(2 * np.pi * 1000 * np.arange(rate) / rate).astype(np.float32)
+    chunks = [up(c) for c in np.split(tone, 25)]  # 40 ms at a time
+    assert [len(c) for c in chunks] == [1920] * 25
+    back = np.concatenate([down(c) for c in np.split(np.concatenate(chunks), 50)])
+    assert len(back) == rate
+    assert abs(back[2000:].std() / tone.std() - 1) < 0.01
+    high = np.sin(2 * np.pi * 18000 * np.arange(48000) / 48000).astype(np.float32)
+    assert Down2()(high)[200:].std() < 1e-3  # over the 24 kHz side's Nyquist: not folded back
+
+
+def _opus_packets(pcm48: np.ndarray) -> list[bytes]:
+    encoder, packets = OpusEncoder(), []
+    for index, start in enumerate(range(0, len(pcm48), 960)):
+        frame = av.AudioFrame.from_ndarray((pcm48[start:start + 960] * 32767).astype(np.int16).reshape(1, -1),
+                                           format="s16", layout="mono")
+        frame.sample_rate, frame.pts, frame.time_base = 48000, index * 960, fractions.Fraction(1, 48000)
+        packets += encoder.encode(frame)[0]
+    return packets
+
+
+def test_opus_input_decodes_each_packet_as_it_comes_at_24khz():
+    tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(48000) / 48000)).astype(np.float32)
+    packets = _opus_packets(tone)
+
+    async def scenario():
+        opus = OpusInput(asyncio.get_running_loop())
+        sizes = []
+        for index, packet in enumerate(packets[:10]):
+            opus.push(packet, lost_before=2 if index == 5 else 0)
+            sizes.append(len(await asyncio.wait_for(opus.frames.get(), 5)))  # nothing held back
+        opus.push(b"\xff\xff\xff")  # not Opus
+        opus.push(packets[10])
+        last = await asyncio.wait_for(opus.frames.get(), 5)
+        opus.close()
+        assert await asyncio.wait_for(opus.frames.get(), 5) is None
+        return sizes, last, opus.undecodable
+
+    sizes, last, undecodable = asyncio.run(scenario())
+    assert sizes == [480] * 5 + [480 * 3] + [480] * 4  # two lost packets filled with 40 ms of silence
+    assert 0.15 < np.abs(last).max() < 0.45 and len(last) == 480
+    assert undecodable == 1
+
+
+@pytest.mark.parametrize("layout", ["mono", "stereo"])
+def test_the_audio_level_is_aiortcs(layout):
+    rng = np.random.default_rng(0)
+    channels = 2 if layout == "stereo" else 1
+    for scale in (0, 3, 300, 30000):
+        samples = (rng.standard_normal((1, 960 * channels)) * scale).clip(-32768, 32767).astype(np.int16)
+        frame = av.AudioFrame.from_ndarray(samples, format="s16", layout=layout)
+        assert audio_level_dbov(frame) == compute_audio_level_dbov(frame)
+
+
+def test_receive_opus_leaves_a_receiver_it_does_not_know_alone():
+    class Codec:
+        mimeType = "audio/opus"
+
+    class Transceiver:
+        _codecs = [Codec()]
+        receiver = object()  # no jitter buffer where aiortc 1.16 has one
+
+    async def scenario():
+        return receive_opus(Transceiver())
+
+    assert asyncio.run(scenario()) is None
+
+
+# -------------------------------------------------------------------- the assistant's track
+
+
+FRAME = 1920  # 80 ms at 24 kHz
+SPEECH, SILENCE = np.full(FRAME, 0.2, np.float32), np.zeros(FRAME, np.float32)
+
+
+def tick(track: AssistantTrack) -> np.ndarray:
+    begins = track._taken_total
+    packet = track._next_packet()
+    track._report_sent(begins)
+    track._pts += PTIME_SAMPLES
+    return packet
+
+
+def test_frames_on_time_are_sent_whole_and_in_order():
+    sent = []
+    track = AssistantTrack(lambda frame, packet: sent.append((frame, packet)))
+    for frame in range(10):
+        track.play(SPEECH, frame)
+        for _ in range(4):
+            assert len(tick(track)) == PTIME_SAMPLES
+    assert track.skipped_samples == track.hurried_samples == 0
+    assert sent == [(frame, 4 * frame) for frame in range(10)]
+
+
+def test_a_late_frame_leaves_no_standing_delay():
+    """Three frames at once (a slow step): the backlog drains, silence skipped first, speech hurried
+    by cross-faded cuts, until the queue swings from a frame down to under a packet again."""
+    sent = []
+    track = AssistantTrack(lambda frame, packet: sent.append((frame, packet)))
+    track.play(SILENCE, 0)
+    track.play(SILENCE, 1)
+    track.play(SPEECH, 2)
+    for _ in range(4):
+        tick(track)
+    for frame in range(3, 40):
+        track.play(SPEECH, frame)
+        for _ in range(4):
+            tick(track)
+    assert track.skipped_samples > 0 and track.hurried_samples > 0
+    lows = []
+    for frame in range(40, 44):
+        track.play(SPEECH, frame)
+        lows.append(min(track._samples for _ in range(4) if tick(track) is not None))
+    assert max(lows) <= PTIME_SAMPLES  # caught up: nothing standing
+    frame, packet = sent[-1]
+    assert packet - 4 * (frame - 2) <= 1  # the last frame goes out where it would have with no backlog
