@@ -16,7 +16,7 @@ from aiortc.rtp import compute_audio_level_dbov
 
 from kame.resample2 import Down2, Up2
 from kame.rtc import OpusInput, ReorderGate, audio_level_dbov, receive_opus
-from server.live.webrtc import PTIME_SAMPLES, AssistantTrack
+from server.live.assistant_track import PTIME_SAMPLES, AssistantTrack
 
 
 @dataclass

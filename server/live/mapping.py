@@ -46,6 +46,7 @@ from server.live.decisions import Decisions
 from server.live.outbox import LiveOutbox
 from server.live.responses import ResponsesEvents
 from server.live.stable_text import StableWords
+from server.live.standby import DEFAULT_VAD_THRESHOLD, Standby
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,8 @@ class LiveMapping:
         self._acks: dict[str, float] = {}  # delegation -> when its automatic acknowledgement is due
         self.responses = ResponsesEvents(self.outbox, self.delegated, facts.tool_timeout_s)
         self.decisions = Decisions(self.outbox)
+        self.standby: Standby | None = None  # WebRTC's idle pause, where the POST asked for one
+        self._paused_total = 0.0  # time the session spent paused: the audio clock stood still
 
     def take(self) -> list[Action]:
         return self.outbox.take()
@@ -146,21 +149,57 @@ class LiveMapping:
         self.outbox.call(Finish(1000, reason))
 
     def _usage(self, now: float) -> dict:
-        return {"seconds": float(int(max(0.0, now - self._started_at)))}
+        seconds = int(max(0.0, now - self._started_at))
+        breakdown = self.standby.usage(seconds, now) if self.standby is not None else {}
+        return {"seconds": float(seconds), **breakdown}
+
+    # ---------------------------------------------------------------- standby (WebRTC)
+
+    def stand_by(self, idle_timeout_s: int | None, vad_threshold: float | None, now: float) -> None:
+        """The POST's `idle_timeout_s` and `wake_policy`: past that long without words either way, a
+        delegation or a client event, the session pauses; speech wakes it. No timeout: never."""
+        if idle_timeout_s is not None:
+            threshold = DEFAULT_VAD_THRESHOLD if vad_threshold is None else vad_threshold
+            self.standby = Standby(idle_timeout_s, threshold, now)
+
+    @property
+    def paused(self) -> bool:
+        return self.standby is not None and self.standby.paused
+
+    def wake(self, now: float) -> None:
+        """The user spoke while paused: `session.resumed`, and the audio kept while the detector listened
+        goes to the session (the front-end and the ASR hear the first words)."""
+        if not self.paused or self.closed:
+            return
+        paused_for, kept = self.standby.resume(now)
+        self._paused_total += paused_for
+        self.outbox.emit("session.resumed")
+        if len(kept):
+            self._push(kept)
+
+    def _active(self, now: float) -> None:
+        if self.standby is not None:
+            self.standby.active(now)
 
     # ---------------------------------------------------------------- the clock
 
     def wake_at(self) -> float | None:
         if not self.started or self.closed:
             return None
-        return min(self._silence_at(), self._next_usage, *self._acks.values())
+        if self.paused:  # no silence fed, no acknowledgement due: the clock stands still
+            return self._next_usage
+        pause = () if self.standby is None else (self.standby.due(),)
+        return min(self._silence_at(), self._next_usage, *self._acks.values(), *pause)
 
     def on_time(self, now: float) -> None:
         """Silence is fed when the client's audio falls behind the clock (the front-end hears time
         pass, as a full-duplex model does); cumulative usage every `usage_interval_s`."""
         if not self.started or self.closed:
             return
-        if now >= self._silence_at():
+        if self.standby is not None and not self.standby.paused and now >= self.standby.due():
+            self.standby.pause(now)
+            self.outbox.emit("session.paused")
+        if not self.paused and now >= self._silence_at():
             due = int((now - self._silence_at()) / FRAME_S) + 1
             self._pushed_s += due * FRAME_S
             for _ in range(min(due, SILENCE_CATCH_UP)):  # silence nobody heard after a stall is skipped
@@ -173,8 +212,12 @@ class LiveMapping:
                 del self._acks[delegation_id]
                 self.outbox.call(Commentary(delegation_id, ACKNOWLEDGEMENT))
 
+    def _clock(self) -> float:
+        """When the audio heard so far ends, on the wall clock (the start, the pauses, the audio)."""
+        return self._started_at + self._paused_total + self._pushed_s
+
     def _silence_at(self) -> float:
-        return self._started_at + self._pushed_s + SILENCE_SLACK_S
+        return self._clock() + SILENCE_SLACK_S
 
     # ---------------------------------------------------------------- the user's audio
 
@@ -182,6 +225,12 @@ class LiveMapping:
         """The user's audio, float32 at 24 kHz (decoded from an append, or from the media track)."""
         if not self.started or self.closed or not len(pcm):
             return
+        if self.paused:
+            self.standby.hear(pcm)
+            return
+        self._push(pcm)
+
+    def _push(self, pcm: np.ndarray) -> None:
         self.outbox.call(SessionCall("push_pcm", (np.zeros_like(pcm) if self.muted else pcm,)))
         self._pushed_s += len(pcm) / SAMPLE_RATE
 
@@ -212,10 +261,12 @@ class LiveMapping:
             else:
                 self.outbox.call(Play(event.pcm, event.frame))
         elif isinstance(event, AssistantText):
+            self._active(now)
             start = round(event.frame * FRAME_S * 1000)
             self._triggered(self.outbox.emit("session.output_transcript.delta", delta=event.text, start_ms=start,
                                              end_ms=start + round(FRAME_S * 1000)))
         elif isinstance(event, Transcript):
+            self._active(now)
             self._transcript(event)
         elif isinstance(event, LLMAttempt | ToolRound) and self.config.delegation == "responses":
             self.responses.on_session(event, self.config)
@@ -256,8 +307,8 @@ class LiveMapping:
             self.decisions.delegated(self.config.questions(), delegation_id)
         if target in CLIENT_WORDS and self.config.acknowledgement_delay_ms > 0:
             # on the session's clock (the audio heard, fed silence included: it follows the time)
-            self._acks[delegation_id] = (self._started_at + self._pushed_s
-                                         + self.config.acknowledgement_delay_ms / 1000)
+            self._acks[delegation_id] = self._clock() + self.config.acknowledgement_delay_ms / 1000
+        self._active(self._clock())
         self._delegations[delegation_id] = None
         while len(self._delegations) > MAX_DELEGATIONS:
             self._delegations.popitem(last=False)
@@ -294,6 +345,7 @@ class LiveMapping:
                                 "type")
             self.start(event.session, now, event_id)
             return
+        self._active(now)
         if kind in UNSUPPORTED:
             raise LiveError("unsupported_event", f"{kind}: {UNSUPPORTED[kind]}.", "type")
         if kind in RESPONSES_ONLY and self.config.delegation != "responses":
