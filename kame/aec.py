@@ -41,7 +41,7 @@ def _rtc():
         from livekit import rtc
     except (ImportError, OSError) as exc:  # the package, or its native library, is missing
         raise EchoCancellerUnavailable(f"echo cancellation is unavailable: the livekit package cannot be "
-                                       f"loaded ({exc}); pip install livekit==1.2.0") from exc
+                                       f"loaded ({exc}); pip install livekit==1.1.21") from exc
     return rtc
 
 
