@@ -12,14 +12,14 @@ Readiness is Serve's own: a replica is RUNNING (routable) only once its construc
 app's lifespan to its end, and its first `check_health` are done; `/healthz` says ready when the
 deployment has as many RUNNING replicas as it wants (`readiness`), and 503 while fewer are warm.
 
-Checked with Ray 2.53 (the newest whose `serve` extra installs beside moshi's aiohttp pin; it
-needs protobuf < 7): docs/scaling.md.
+A fixed count is changed with `scale` (Serve's external scaling API), which keeps the running replicas
+and their sessions: Ray 2.60 dropped the deployment `version` that once made a `serve.run` of a new
+count a light update, and now replaces every replica. Checked with Ray 2.60: docs/scaling.md.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import signal
 import threading
@@ -225,11 +225,8 @@ def deployment(settings: ServerSettings, options: RayOptions, cuda: bool):
     def builder():
         return build_app(settings)
 
-    # a fixed version: a change of the replica count (a downscale, `serve deploy` of the same code)
-    # is then a light update that keeps the running replicas and their sessions
-    version = hashlib.sha256(settings.model_dump_json().encode()).hexdigest()[:16]
     return serve.deployment(
-        serve.ingress(builder)(Replica), name=APP_NAME, version=version, max_ongoing_requests=slots + HEADROOM,
+        serve.ingress(builder)(Replica), name=APP_NAME, max_ongoing_requests=slots + HEADROOM,
         ray_actor_options=actor,
         # a new session goes to the replica with the fewest, by a live count (server/ray_router.py)
         request_router_config={"request_router_class": "server.ray_router.FewestSessionsRouter"},
@@ -251,10 +248,32 @@ def start(settings: ServerSettings, options: RayOptions, cuda: bool) -> None:
     _registry = ray.remote(num_cpus=0)(Registry).options(name=REGISTRY, namespace=NAMESPACE,
                                                         get_if_exists=True).remote()
     serve.start(http_options={"host": settings.host, "port": settings.port})
-    serve.run(deployment(settings, options, cuda), name=APP_NAME, route_prefix="/")
+    run(settings, options, cuda)
     logger.info("ready on Ray Serve: ws://%s:%d/api/chat and /v1/realtime, %s", settings.host, settings.port,
                 f"{options.autoscale[0]}-{options.autoscale[1]} replicas (autoscaling)" if options.autoscale
                 else f"{options.replicas} replicas")
+
+
+def run(settings: ServerSettings, options: RayOptions, cuda: bool) -> None:
+    """Deploy (or redeploy, which replaces every replica) the application; a fixed count takes `scale`
+    later (Serve's external scaler: it and Serve's autoscaling exclude each other)."""
+    from ray import serve
+
+    serve.run(deployment(settings, options, cuda), name=APP_NAME, route_prefix="/",
+              external_scaler_enabled=options.autoscale is None)
+
+
+def scale(replicas: int) -> None:
+    """A fixed-count deployment to `replicas`, returning once Serve's controller took the target: the
+    running replicas stay, and one scaled away keeps its sessions until they end (up to its
+    graceful_shutdown_timeout_s) before it stops."""
+    import ray
+    from ray.serve._private.common import DeploymentID
+
+    controller = _controller()
+    if controller is None:
+        raise RuntimeError("Serve's controller cannot be found: is the application deployed from here?")
+    ray.get(controller.update_deployment_replicas.remote(DeploymentID(name=APP_NAME, app_name=APP_NAME), replicas))
 
 
 def stop(drain_s: float | None = None) -> None:

@@ -161,15 +161,11 @@ def slots_and_sessions(base: str) -> list[tuple[int, int]]:
 
 
 async def scale_up_watched(settings, url: str, base: str) -> dict:
-    """From one replica to two, as `serve deploy` of a larger count does, watching /healthz every
-    50 ms: what it said while the new replica warmed, where a session opened then went, and where the
-    sessions filling the three slots left went, opened together the instant /healthz first said ready."""
-    from ray import serve
-
+    """From one replica to two (`ray_serve.scale`), watching /healthz every 50 ms: what it said while
+    the new replica warmed, where a session opened then went, and where the sessions filling the three
+    slots left went, opened together the instant /healthz first said ready."""
     old = healthz(base)["replica"]
-    options = ray_serve.RayOptions(replicas=2, num_cpus=0.5)
-    update = asyncio.ensure_future(asyncio.to_thread(
-        serve.run, ray_serve.deployment(settings, options, False), name=ray_serve.APP_NAME, route_prefix="/"))
+    await asyncio.to_thread(ray_serve.scale, 2)
     await wait_until(lambda: sum(states().values()) == 2, "a second replica starting", 30)
     warming, early, early_while_warming = [], None, False
     deadline = time.monotonic() + 90
@@ -184,7 +180,6 @@ async def scale_up_watched(settings, url: str, base: str) -> dict:
     burst = await asyncio.gather(*(Talker.open(url) for _ in range(3)), return_exceptions=True)
     landed = [t for t in burst if isinstance(t, Talker)]
     await asyncio.gather(*(t.ready() for t in landed))
-    await update
     for talker in (early, *landed):
         await talker.close()
     # the slots given back, and the sessions gone (a closing one frees its slot first), before the
@@ -321,19 +316,16 @@ def test_a_replica_scaled_away_keeps_its_session_until_it_ends(cluster):
     async def go():
         await wait_until(lambda: states() == {"RUNNING": 2} and replica_count(base) == 2, "two replicas", 90)
         talkers = await two_sessions(url)
-        # down to one replica while both replicas hold a session: serve.run returns once the update is
-        # done, and the replica going away waits for its session first
-        from ray import serve
-
-        options = ray_serve.RayOptions(replicas=1, num_cpus=0.5)
-        update = asyncio.ensure_future(asyncio.to_thread(
-            serve.run, ray_serve.deployment(settings, options, False), name=ray_serve.APP_NAME, route_prefix="/"))
+        # down to one replica while both replicas hold a session: the replica going away waits for its
+        # session first
+        await asyncio.to_thread(ray_serve.scale, 1)
         await talk_through(talkers, lambda: states().get("STOPPING", 0) == 1, "a replica being scaled away", 30)
         backs = [(t.accounted, t.dropped, t.sent) for t in talkers]
-        assert not update.done()  # the replica going away still holds its session
+        await asyncio.sleep(2 * ray_serve.REPORT_S)
+        assert states() == {"RUNNING": 1, "STOPPING": 1}  # the replica going away still holds its session
         for t in talkers:
             await t.close()
-        await asyncio.wait_for(update, 60)
+        await wait_until(lambda: states() == {"RUNNING": 1}, "the scaled-away replica gone", 60)
         return talkers, backs, states()
 
     talkers, backs, replicas = run_closing(go)
@@ -349,10 +341,8 @@ def test_autoscaling_follows_held_sessions(cluster):
     ready: autoscaling wants its minimum warm); a session opened then lands on it; once every session
     has ended, the cluster goes back to one replica."""
     settings, url, base, _ = cluster
-    from ray import serve
-
     options = ray_serve.RayOptions(autoscale=(1, 2), num_cpus=0.5, upscale_delay_s=1.0, downscale_delay_s=2.0)
-    serve.run(ray_serve.deployment(settings, options, False), name=ray_serve.APP_NAME, route_prefix="/")
+    ray_serve.run(settings, options, False)  # a redeploy: every replica is replaced
 
     async def go():
         await wait_until(lambda: states() == {"RUNNING": 1}, "one replica", 60)
