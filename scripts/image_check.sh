@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The Dockerfile built and run for real, without a Docker engine and without pulling an image: podman
+# builds the Dockerfile's own steps on a stand-in base (Debian 12 minbase from Debian's packages, made by
+# debootstrap; the Dockerfile's comment says what differs from the CUDA base), starts the container,
+# waits for /healthz and runs one client turn against it, as .ci/run does for the first run. About 7
+# minutes on a 2-core machine with a fresh package cache (most of it pip's torch and CUDA wheels).
+#   scripts/image_check.sh            # needs root (apt-get, debootstrap, podman); KAME_IMAGE_PORT to move the port
+set -euo pipefail
+cd "$(dirname "$0")/.."
+started=$SECONDS
+BASE=localhost/kame-standin-base:bookworm
+IMAGE=localhost/kame:check
+NAME=kame-image-check
+PORT=${KAME_IMAGE_PORT:-18997}
+PYTHON=${PYTHON:-.venv/bin/python}  # the client's side: README's environment
+
+if ! command -v podman >/dev/null || ! command -v debootstrap >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        podman buildah debootstrap fuse-overlayfs uidmap >/dev/null
+fi
+
+# the stand-in base, once per machine: Debian 12's minimal system, imported as an image
+if ! podman image exists "$BASE"; then
+    echo "== the stand-in base: debootstrap bookworm (minbase)"
+    root=$(mktemp -d)
+    debootstrap --variant=minbase --include=ca-certificates bookworm "$root" http://deb.debian.org/debian >/dev/null
+    tar -C "$root" -c . | podman import --change 'CMD ["/bin/bash"]' - "$BASE" >/dev/null
+    rm -rf "$root"
+fi
+
+# the build's RUN steps and the container share the host's network: no bridge or port mapping to set up
+echo "== podman build (the Dockerfile on $BASE)"
+podman build --network host --build-arg BASE="$BASE" -t "$IMAGE" . 2>&1 | grep -E '^(STEP|COMMIT|Successfully)' || true
+podman image exists "$IMAGE" || { echo "the image did not build"; exit 1; }
+echo "built in $((SECONDS - started)) s"
+
+token=$("$PYTHON" -c 'import secrets; print(secrets.token_hex(16))')
+podman rm -f "$NAME" >/dev/null 2>&1 || true
+stop_container() { podman logs "$NAME" >"${KAME_IMAGE_LOG:-/dev/null}" 2>&1 || true; podman rm -f "$NAME" >/dev/null 2>&1 || true; }
+trap stop_container EXIT
+podman run -d --name "$NAME" --network host -e KAME_PORT="$PORT" -e KAME_AUTH_TOKENS="[\"$token\"]" "$IMAGE" >/dev/null
+
+echo "== the container: /healthz"
+for _ in $(seq 600); do
+    if curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1; then break; fi
+    if [ "$(podman inspect -f '{{.State.Running}}' "$NAME")" != true ]; then podman logs "$NAME"; echo "the container exited"; exit 1; fi
+    sleep 0.5
+done
+curl -fsS "http://127.0.0.1:$PORT/healthz"; echo
+
+echo "== one client turn"
+answer=$(mktemp --suffix=.wav)
+"$PYTHON" -m kame.cli client --url "ws://127.0.0.1:$PORT/api/chat" --token "$token" \
+    --input tests/fixtures/question.wav --output "$answer" --tail 6
+test -s "$answer" || { echo "no answer was written"; exit 1; }
+podman stop -t 30 "$NAME" >/dev/null
+podman logs "$NAME" 2>&1 | grep -q "Application shutdown complete" || { podman logs "$NAME" | tail -40; echo "the server did not stop cleanly"; exit 1; }
+echo "image check: ok in $((SECONDS - started)) s"
