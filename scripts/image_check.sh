@@ -14,11 +14,13 @@ NAME=kame-image-check
 PORT=${KAME_IMAGE_PORT:-18997}
 PYTHON=${PYTHON:-.venv/bin/python}  # the client's side: README's environment
 
-if ! command -v podman >/dev/null || ! command -v debootstrap >/dev/null; then
+if ! command -v podman >/dev/null || ! command -v debootstrap >/dev/null || ! command -v runc >/dev/null; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        podman buildah debootstrap fuse-overlayfs uidmap >/dev/null
+        podman buildah debootstrap runc fuse-overlayfs uidmap >/dev/null
 fi
+# runc and cgroupfs: crun refuses this VM's hybrid cgroups (v1 controllers beside a v2 mount)
+podman() { command podman --runtime runc --cgroup-manager cgroupfs "$@" 2> >(grep -v 'level=warning' >&2); }
 
 # the stand-in base, once per machine: Debian 12's minimal system, imported as an image
 if ! podman image exists "$BASE"; then
@@ -31,8 +33,11 @@ fi
 
 # the build's RUN steps and the container share the host's network: no bridge or port mapping to set up
 echo "== podman build (the Dockerfile on $BASE)"
-podman build --network host --build-arg BASE="$BASE" -t "$IMAGE" . 2>&1 | grep -E '^(STEP|COMMIT|Successfully)' || true
-podman image exists "$IMAGE" || { echo "the image did not build"; exit 1; }
+build_log=$(mktemp)
+if ! podman build --network host --build-arg BASE="$BASE" -t "$IMAGE" . >"$build_log" 2>&1; then
+    tail -40 "$build_log"; echo "the image did not build"; exit 1
+fi
+grep -E '^(STEP|COMMIT)' "$build_log" | cut -c1-120
 echo "built in $((SECONDS - started)) s"
 
 token=$("$PYTHON" -c 'import secrets; print(secrets.token_hex(16))')
