@@ -12,7 +12,8 @@
 # libraries of the base's (torch's wheel brings its own CUDA 13.2 runtime through pip either way, and the
 # host's driver comes with --gpus: it must support CUDA 13, R580 or newer), Debian's python3.11 (3.11.2)
 # in place of Ubuntu 22.04's package, and no GPU: the container starts on the CPU defaults (tiny-copy,
-# Whisper tiny.en, the embedded LLM). The GPU path of the image is unverified.
+# Whisper tiny.en, the embedded LLM); and the stand-in carries the building machine's CA certificates with
+# PIP_CERT set, for a network whose TLS goes through a proxy. The GPU path of the image is unverified.
 ARG BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu22.04
 FROM ${BASE}
 

@@ -1,9 +1,8 @@
 """LiveKit Agents with KAME as its GPT-Live model: the OpenAI plugin's GPTLiveModel, its base_url at KAME.
 
-Written for livekit-agents[openai]==1.8.9 (GPTLiveModel first ships in livekit-plugins-openai 1.8.1), in an
-environment of its own (see examples/README.md). scripts/livekit_live_check.py runs the same model, under
-client delegation, against a KAME server without a room; this worker was not run, as it needs a LiveKit
-server and a room.
+Written for livekit-agents[openai]==1.8.9 (GPTLiveModel first ships in livekit-plugins-openai 1.8.1), which
+KAME's dev extra installs. tests/test_livekit_live.py runs the same model against a KAME server without a
+room; this worker was not run, as it needs a LiveKit server and a room.
 
     KAME_URL=http://127.0.0.1:8998/v1 LIVEKIT_URL=ws://localhost:7880 LIVEKIT_API_KEY=devkey \
         LIVEKIT_API_SECRET=secret python examples/livekit_live.py dev

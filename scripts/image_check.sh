@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
-BASE=localhost/kame-standin-base:bookworm
+BASE=localhost/kame-standin-base:bookworm-1
 IMAGE=localhost/kame:check
 NAME=kame-image-check
 PORT=${KAME_IMAGE_PORT:-18997}
@@ -27,7 +27,11 @@ if ! podman image exists "$BASE"; then
     echo "== the stand-in base: debootstrap bookworm (minbase)"
     root=$(mktemp -d)
     debootstrap --variant=minbase --include=ca-certificates bookworm "$root" http://deb.debian.org/debian >/dev/null
-    tar -C "$root" -c . | podman import --change 'CMD ["/bin/bash"]' - "$BASE" >/dev/null
+    # the host's trusted certificates, for pip inside the build: a network whose TLS goes through a proxy
+    # of its own CA (this machine's) is trusted in the container as on the host
+    cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
+    tar -C "$root" -c . | podman import --change 'CMD ["/bin/bash"]' \
+        --change 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' - "$BASE" >/dev/null
     rm -rf "$root"
 fi
 

@@ -3,13 +3,12 @@
 KAME's /v1/live/sessions, answers each `session.delegation.created` with commentary, and waits until
 KAME's front-end says the commentary's words. Prints the server events it saw; exit status 0 on success.
 
-Runs in its own environment, not KAME's: livekit-agents 1.8.9 takes the newest livekit-api (1.2.2), which
-needs aiohttp>=3.14.4, and KAME's moshi pins aiohttp<3.12 (with livekit-api==1.2.1 pip does resolve beside
-KAME's pins; not run that way). GPTLiveModel first ships in livekit-plugins-openai 1.8.1.
+livekit-agents 1.8.9 and its OpenAI plugin come with KAME's dev extra (moshi is installed without its
+aiohttp<3.12 pin: docs/dependencies.md); tests/test_livekit_live.py runs the same in the suite.
+GPTLiveModel first ships in livekit-plugins-openai 1.8.1.
 
-    python -m venv /tmp/lk-venv && /tmp/lk-venv/bin/pip install 'livekit-agents[openai]==1.8.9'
-    kame serve --frontend tiny-copy --port 18999 &        # from KAME's environment
-    /tmp/lk-venv/bin/python scripts/livekit_live_check.py question.wav --url http://127.0.0.1:18999/v1
+    kame serve --frontend tiny-copy --port 18999 &
+    python scripts/livekit_live_check.py question.wav --url http://127.0.0.1:18999/v1
 """
 
 from __future__ import annotations
