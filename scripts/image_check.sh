@@ -35,7 +35,8 @@ if ! podman image exists "$BASE"; then
     rm -rf "$root"
 fi
 
-# the build's RUN steps and the container share the host's network: no bridge or port mapping to set up
+# the build's RUN steps and the container share the host's network (no bridge or port mapping to set
+# up); the container's limits are set below this VM's (podman's defaults, even --ulimit host, fail in runc)
 echo "== podman build (the Dockerfile on $BASE)"
 build_log=$(mktemp)
 if ! podman build --network host --build-arg BASE="$BASE" -t "$IMAGE" . >"$build_log" 2>&1; then
@@ -48,7 +49,8 @@ token=$("$PYTHON" -c 'import secrets; print(secrets.token_hex(16))')
 podman rm -f "$NAME" >/dev/null 2>&1 || true
 stop_container() { podman logs "$NAME" >"${KAME_IMAGE_LOG:-/dev/null}" 2>&1 || true; podman rm -f "$NAME" >/dev/null 2>&1 || true; }
 trap stop_container EXIT
-podman run -d --name "$NAME" --network host -e KAME_PORT="$PORT" -e KAME_AUTH_TOKENS="[\"$token\"]" "$IMAGE" >/dev/null
+podman run -d --name "$NAME" --network host --ulimit nofile=16384:16384 --ulimit nproc=8192:8192 \
+    -e KAME_PORT="$PORT" -e KAME_AUTH_TOKENS="[\"$token\"]" "$IMAGE" >/dev/null
 
 echo "== the container: /healthz"
 for _ in $(seq 600); do
