@@ -1,7 +1,7 @@
 """Pipecat with KAME as its speech-to-speech service: pipecat-ai's own OpenAI Realtime service, its
 URL pointed at KAME's /v1/realtime. A question from a WAV file goes in, the spoken answer comes out.
 
-Written for pipecat-ai[openai]==1.12.0 (the newest that installs beside KAME's pins); tests/test_pipecat.py
+Written for pipecat-ai[openai]==1.12.0, run on 1.14.0 (the dev extra's); tests/test_pipecat.py
 runs `kame_llm()` and `conversation()` against a real server. See examples/README.md.
 
     python examples/pipecat_realtime.py question.wav answer.wav --url ws://127.0.0.1:8998

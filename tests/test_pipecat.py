@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("pipecat.services.openai.realtime.llm",
-                    reason="needs pipecat-ai[openai]==1.12.0, not in the dev extra (see examples/README.md)")
+                    reason="needs the dev extra (pipecat-ai[openai])")
 
 from pipecat.frames.frames import (
     ErrorFrame,
