@@ -1,8 +1,8 @@
 """Pipecat with KAME as its GPT-Live model: pipecat-ai's own OpenAI Live service, its URL pointed at
 KAME's /v1/live/sessions. A question from a WAV file goes in, the spoken answer comes out.
 
-Written for pipecat-ai[openai]==1.12.0, run on 1.14.0 (the dev extra's); tests/test_pipecat_live.py runs `kame_live_llm()` and
-`conversation()` against a real server, in both delegation modes. See examples/README.md.
+Written for pipecat-ai[openai]==1.12.0, run on 1.14.0 (the dev extra's); tests/test_pipecat_live.py runs
+`kame_live_llm()` and `conversation()` against a real server, in both delegation modes. See examples/README.md.
 
     python examples/pipecat_live.py question.wav answer.wav --url ws://127.0.0.1:8998
     python examples/pipecat_live.py question.wav answer.wav --client-llm http://127.0.0.1:8000/v1 --model m
