@@ -63,7 +63,7 @@ class LLMAttempt:
     epoch: int
     backend: str
     trigger: str
-    user_text: str = ""  # with "started"
+    user_text: str = ""  # with "started": the user's words it answers (data: no "user:" role to strip)
     latency_s: float | None = None  # with "first_token": request -> first words
     answer: str = ""  # with the last phase, as are:
     oracle_tokens: int = 0  # the oracle tokens it sent

@@ -213,8 +213,8 @@ def test_responses_delegation_each_attempt_a_delegation_with_its_progress():
     rig.start(delegation={"type": "responses", "responses": {"model": "scripted"}})
     rig.send(type="session.input_audio.append", audio=base64.b64encode(pcm16_encode(NOISE)).decode())
     rig.events()
-    rig.mapping.on_session(attempt("started", 1, user_text="user: what is"), rig.now)
-    rig.mapping.on_session(attempt("started", 2, user_text="user: what is the capital"), rig.now)
+    rig.mapping.on_session(attempt("started", 1, user_text="what is"), rig.now)
+    rig.mapping.on_session(attempt("started", 2, user_text="what is the capital"), rig.now)
     rig.mapping.on_session(attempt("first_token", 2, latency_s=0.3), rig.now)
     rig.mapping.on_session(attempt("cancelled", 1), rig.now)
     rig.mapping.on_session(attempt("done", 2, answer="Paris."), rig.now)
@@ -338,7 +338,7 @@ def test_kame_events_only_when_asked():
     plain, opted = Rig(), Rig(events=True)
     for rig in (plain, opted):
         rig.start(delegation={"type": "responses", "responses": {"model": "scripted"}})
-        rig.mapping.on_session(attempt("started", 1, user_text="user: hi"), rig.now)
+        rig.mapping.on_session(attempt("started", 1, user_text="hi"), rig.now)
     assert not [t for t in plain.types() if t.startswith("kame.")]
     assert "kame.llm" in opted.types()
 
