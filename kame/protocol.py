@@ -91,8 +91,9 @@ class TranscriptEvent(_Event):
     start_s: float  # audio time of the session (seconds of audio the client sent)
     end_s: float
     backchannel: Literal[True] | None = None  # only on a backchannel ("mm-hm" while the assistant spoke)
+    settled: Literal[True] | None = None  # only on a partial whose words are settled (the speech paused)
 
-    @field_validator("backchannel", mode="before")
+    @field_validator("backchannel", "settled", mode="before")
     @classmethod
     def _only_when_true(cls, value: bool | None) -> Literal[True] | None:
         return True if value else None

@@ -273,7 +273,8 @@ class TandemSession:
             final = isinstance(event, FinalTranscript)
             lag = self._timing.lag(event.end_s)  # a final's: the answer comes from a stream started from now on
             backchannel = self.planner.is_backchannel(event)
-            self._emit(Transcript(final, event.text, round(event.start_s, 3), round(event.end_s, 3), lag, backchannel))
+            self._emit(Transcript(final, event.text, round(event.start_s, 3), round(event.end_s, 3), lag, backchannel,
+                                  not final and event.settled))
             if not backchannel:
                 self.planner.on_transcript(event)
 

@@ -40,6 +40,7 @@ class Transcript:
     end_s: float
     lag_s: float  # wall time from receiving the audio up to end_s to this transcript
     backchannel: bool = False  # "mm-hm" while the assistant spoke: the planner let it pass, no turn
+    settled: bool = False  # a partial: the speech paused, its words will not change (the turn may go on)
 
 
 @dataclass(frozen=True)

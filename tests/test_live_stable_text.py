@@ -68,3 +68,27 @@ def test_every_word_goes_out_exactly_once_and_in_order():
 def test_hold_must_not_be_negative():
     with pytest.raises(ValueError):
         StableWords(hold=-1)
+
+
+def test_a_settled_partial_sends_every_word_and_the_utterance_goes_on():
+    words = StableWords(hold=2)
+    assert words.partial("what is", 0.5) == ""
+    assert words.partial("what is the", 0.8, settled=True) == "what is the"  # the speech paused
+    assert words.partial("what is the capital", 1.0) == ""  # the utterance goes on: held again
+    assert words.partial("what is the capital of france", 1.2) == " capital"
+    assert words.final("what is the capital of france") == " of france"
+
+
+def test_an_open_utterance_without_new_words_sends_a_space_at_the_keepalive_cadence():
+    words = StableWords(hold=1, keepalive_s=0.3)
+    assert words.partial("so what", 0.3) == ""  # no word sent yet: no turn open at the client, no space
+    assert words.partial("so what", 0.6) == "so"
+    deltas = [words.partial("so what is the", 0.9, settled=True)]
+    deltas += [words.partial("so what is the", at, settled=True) for at in (1.25, 1.6, 1.7, 1.95)]
+    assert deltas == [" what is the", " ", " ", "", " "]  # through the pause, a space at least 0.3 s apart
+    deltas += [words.partial("so what is the capital", 2.1), words.partial("so what is the capital of", 2.3),
+               words.final("so what is the capital of france")]
+    assert deltas[-3:] == ["", "capital", " of france"]  # a space went ahead: the word comes without one
+    assert "".join(deltas).split() == ["what", "is", "the", "capital", "of", "france"]
+    assert words.partial("thanks", 9.0) == ""  # a new utterance: nothing sent in it yet, no space
+    assert words.partial("thank you", 9.1) == ""  # and no keepalive without a sent word

@@ -275,7 +275,8 @@ class LiveMapping:
     def _transcript(self, event: Transcript) -> None:
         if event.backchannel:  # "mm-hm" while the assistant speaks: no words a client would make a user turn of
             return
-        self._send_words(event, self._words.final(event.text) if event.final else self._words.partial(event.text))
+        self._send_words(event, self._words.final(event.text) if event.final
+                         else self._words.partial(event.text, event.end_s, event.settled))
 
     def _send_words(self, event: Transcript, delta: str) -> None:
         if not delta:
@@ -283,7 +284,9 @@ class LiveMapping:
         start = max(self._transcript_ms, round(event.start_s * 1000))
         end = max(start, round(event.end_s * 1000))
         self._transcript_ms = end
-        self._triggered(self.outbox.emit("session.input_transcript.delta", delta=delta, start_ms=start, end_ms=end))
+        sent = self.outbox.emit("session.input_transcript.delta", delta=delta, start_ms=start, end_ms=end)
+        if delta.strip():  # a space only keeps the client's user turn open (stable_text.py): no words to judge
+            self._triggered(sent)
 
     def _triggered(self, delta_event: dict) -> None:
         """A transcript delta went out: the trigger on its type, if any, fires for it."""
