@@ -249,8 +249,9 @@ def session_event(wire: _Event) -> SessionEvent | None:
             fields = {k: v for k, v in wire.model_dump().items() if k in names and k not in added}
             if isinstance(fields.get("sources"), list):
                 fields["sources"] = tuple(fields["sources"])
-            if "backchannel" in fields:
-                fields["backchannel"] = bool(fields["backchannel"])
+            for flag in ("backchannel", "settled"):  # sent only when true
+                if flag in fields:
+                    fields[flag] = bool(fields[flag])
             return kind(**(_NOT_ON_WIRE.get(kind, {}) | fields))
     return None
 

@@ -193,6 +193,41 @@ def test_the_users_words_go_out_once_stable_with_their_times():
     assert all(a <= b for a, b in zip(ends, starts[1:], strict=False))  # no two deltas overlap
 
 
+def test_a_pause_in_an_open_user_turn_gets_a_space_at_least_every_third_of_a_second():
+    """Pipecat and LiveKit end a user turn after 0.8 s without a delta: while words of an utterance are out
+    and its final has not come, the mapping's own clock sends a space (a slow decode delays the words, not
+    the spaces); none after the final, and none once words stopped coming for 5 s (an ASR that never
+    ends the utterance holds no turn open for ever)."""
+    rig = Rig()
+    rig.start()
+
+    def deltas(seconds: float) -> list[tuple[float, str]]:
+        """The deltas of the next `seconds`, the mapping woken when it asks (as the carrier's timer does)."""
+        out, until = [], rig.now + seconds
+        while (wake := rig.mapping.wake_at()) <= until:
+            rig.time(max(wake - rig.now, 0.0))
+            out += [(round(rig.now - START, 2), e["delta"]) for e in rig.events()
+                    if e["type"] == "session.input_transcript.delta"]
+        rig.time(until - rig.now)
+        return out
+
+    rig.time(1.0)
+    for _ in range(2):
+        rig.mapping.on_session(Transcript(False, "so what is", 0.5, 1.0, 0.1), rig.now)
+    assert [e["delta"] for e in rig.events()] == ["so what"]
+    pause = deltas(1.0)  # no transcript for a second: a decode stalled, or the user paused
+    assert [d for _, d in pause] == [" "] * 3 and max(b - a for a, b in zip(
+        [1.0] + [t for t, _ in pause], [t for t, _ in pause] + [2.0], strict=False)) <= 0.35
+    rig.mapping.on_session(Transcript(True, "so what is the capital", 0.5, 2.4, 0.1), rig.now)
+    assert [e["delta"] for e in rig.events()] == ["is the capital"]  # a space went ahead: no second one
+    assert deltas(1.0) == []  # the turn ended
+    rig.mapping.on_session(Transcript(False, "and spain", 3.5, 4.0, 0.1), rig.now)
+    rig.mapping.on_session(Transcript(False, "and spain", 3.5, 4.0, 0.1), rig.now)
+    assert [e["delta"] for e in rig.events()] == [" and"]
+    spaces = deltas(7.0)
+    assert 15 <= len(spaces) <= 17 and spaces[-1][0] - spaces[0][0] <= 5.0  # then the client may end the turn
+
+
 def test_a_backchannel_sends_no_user_words():
     """"Mm-hmm." while the assistant speaks: no input transcript a client would make a user turn of;
     the user's next real words go out whole."""
@@ -392,4 +427,5 @@ def test_a_pause_without_a_final_sends_the_words_once_and_closes_nothing():
     rig.mapping.on_session(Transcript(False, "how many legs does a spider have", 0.5, 4.0, 0.1), rig.now)
     rig.mapping.on_session(Transcript(True, "How many legs does a spider have?", 0.5, 4.4, 0.1), rig.now)
     deltas = [e["delta"] for e in paused + rig.events() if e["type"] == "session.input_transcript.delta"]
-    assert "".join(deltas).lower() == "how many legs does a spider have?"
+    assert " ".join("".join(deltas).split()).lower() == "how many legs does a spider have?"
+    assert deltas.count(" ") >= 5  # through the pause, spaces kept the client's user turn open

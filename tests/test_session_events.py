@@ -32,6 +32,8 @@ WIRE = [
      '{"type":"transcript","final":true,"text":"hi","start_s":0.0,"end_s":1.5}'),
     (Transcript(True, "Mm-hmm.", 3.0, 3.5, 0.2, backchannel=True),  # the field only on a backchannel
      '{"type":"transcript","final":true,"text":"Mm-hmm.","start_s":3.0,"end_s":3.5,"backchannel":true}'),
+    (Transcript(False, "so what is", 0.2, 1.4, 0.1, settled=True),  # the field only on a settled partial
+     '{"type":"transcript","final":false,"text":"so what is","start_s":0.2,"end_s":1.4,"settled":true}'),
     (OracleApplied("reset", 3, "a b", 4, 10, True, 0),
      '{"type":"oracle","op":"reset","epoch":3,"text":"a b","tokens":4,"frame":10,"accepted":true,"late_tokens":0}'),
     (LLMAttempt("started", 1, "b", "partial", user_text="x"),

@@ -12,7 +12,7 @@ import numpy as np
 from kame.asr import FinalTranscript, PartialTranscript, build_asr
 from kame.asr.transcribe import transcribe_pcm
 from kame.testing.speech import speech
-from server.live.stable_text import StableWords
+from server.live.stable_text import Keepalive, StableWords
 
 from .conftest import words
 
@@ -30,15 +30,24 @@ def spoken(tmp_path_factory) -> tuple[np.ndarray, float, float]:
 
 
 def deltas(events) -> list[tuple[float, str]]:
-    """(audio time, delta) of each input-transcript delta a GPT-Live client gets."""
-    stable, out = StableWords(), []
+    """(audio time, delta) of each input-transcript delta a GPT-Live client gets: the words (`StableWords`)
+    and, on the mapping's clock (here the audio's), the spaces that keep an open turn open (`Keepalive`)."""
+    stable, keep, out = StableWords(), Keepalive(), []
+
+    def emit(at: float, delta: str) -> None:
+        out.append((at, delta))
+        keep.sent(at, bool(delta.strip()), stable.open)
+
     for event in events:
-        if isinstance(event, PartialTranscript):
-            delta = stable.partial(event.text, event.end_s, event.settled)
-        else:
-            delta = stable.final(event.text)
+        while (due := keep.due()) and due[0] <= event.end_s:
+            if keep.fire(due[0], stable.open):
+                emit(due[0], stable.space())
+        final = isinstance(event, FinalTranscript)
+        delta = stable.final(event.text) if final else stable.partial(event.text, event.settled)
         if delta:
-            out.append((event.end_s, delta))
+            emit(event.end_s, delta)
+        elif final:
+            keep.sent(event.end_s, False, False)
     return out
 
 
@@ -60,8 +69,11 @@ def test_deltas_come_every_half_second_and_the_last_words_within_a_second(tmp_pa
           f"{sent[0][0] - start:.2f} s in, largest gap {any_gap:.2f} s (words only {word_gap:.2f} s), "
           f"last words {last_words - end:.2f} s after the speech, settled partial {settled[0].end_s - end:.2f} s after")
     final = [e for e in events if isinstance(e, FinalTranscript)]
-    assert len(final) == 1 and words("".join(d for _, d in sent)) == words(final[0].text)
-    assert len(words(final[0].text)) >= 18  # the question was heard (tiny.en says "All right" for "Hi")
+    last = [e for e in events if isinstance(e, PartialTranscript)][-1]
+    assert len(final) == 1 and words("".join(d for _, d in sent)) == words(last.text)  # every word went out
+    # the final decodes the whole utterance again: a fragment settled at a pause is heard in context (tiny.en
+    # heard "Hi," alone as "All right."); the wire has the settled words already, the LLM reads the final
+    assert len(words(final[0].text)) >= 18 and words(final[0].text)[-6:] == words(last.text)[-6:]
     assert sent[0][0] - start <= 0.8
     assert any_gap <= 0.5  # a client's user turn never sees a gap of 0.8 s
     assert word_gap <= 0.8  # words every two decodes at most

@@ -5,7 +5,8 @@ Audio is resampled to 16 kHz and run through Silero VAD (shipped with faster-whi
 new audio the words since the last pause are decoded again and a partial is emitted. `settle_s` of
 silence settles the words heard so far (a `settled` partial, repeated every interval of the pause):
 they are committed, and later decodes hear only the audio after them. A pause ends the utterance
-with a final when the end-of-turn model (`end_of_turn.py`) says the turn is complete, or after
+with a final (the whole utterance decoded again, so that a settled fragment heard without what followed
+it is heard in context) when the end-of-turn model (`end_of_turn.py`) says the turn is complete, or after
 `eot_fallback_s` of silence; with `end_of_turn="silence"` (or without the model) a silence of
 `min_silence_s` does. The `max_utterance_s` cap ends it too.
 """
@@ -234,7 +235,9 @@ class WhisperStream(ThreadedStream):
     def _finalize(self) -> None:
         if self._utterance is None:
             return
-        text = self._text()
+        # the whole utterance decoded once more: a fragment settled at a pause was heard without what came
+        # after it ("so what is that? capital"); its words went out already, the final is what the LLM reads
+        text = self._text() if not self._fresh else self.asr.transcribe(np.concatenate(self._utterance))
         if text:
             self._emit(FinalTranscript(text, self._utterance_start / RATE, self._heard / RATE))
         self._utterance, self._preroll, self._settled = None, [], ""

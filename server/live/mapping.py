@@ -45,7 +45,7 @@ from server.live.config import LiveConfig, LiveFacts
 from server.live.decisions import Decisions
 from server.live.outbox import LiveOutbox
 from server.live.responses import ResponsesEvents
-from server.live.stable_text import StableWords
+from server.live.stable_text import Keepalive, StableWords
 from server.live.standby import DEFAULT_VAD_THRESHOLD, Standby
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class LiveMapping:
         self._pushed_s = 0.0  # the audio clock: the user's audio heard (the client's and fed silence)
         self._decode = self._encode = None
         self.echo = CallEcho(facts.echo)  # a telephone caller's speakerphone sends our voice back
-        self._words = StableWords()
+        self._words, self._keepalive = StableWords(), Keepalive()
         self._transcript_ms = 0  # where the last input transcript delta ended
         self._next_usage: float | None = None
         self._delegations: collections.OrderedDict[str, None] = collections.OrderedDict()  # ids announced
@@ -189,7 +189,7 @@ class LiveMapping:
         if self.paused:  # no silence fed, no acknowledgement due: the clock stands still
             return self._next_usage
         pause = () if self.standby is None else (self.standby.due(),)
-        return min(self._silence_at(), self._next_usage, *self._acks.values(), *pause)
+        return min(self._silence_at(), self._next_usage, *self._acks.values(), *pause, *self._keepalive.due())
 
     def on_time(self, now: float) -> None:
         """Silence is fed when the client's audio falls behind the clock (the front-end hears time
@@ -207,6 +207,8 @@ class LiveMapping:
         if now >= self._next_usage:
             self._next_usage = now + self.facts.usage_interval_s
             self.outbox.emit("session.usage.updated", usage=self._usage(now))
+        if self._keepalive.fire(now, self._words.open):  # no words for a while in an open user turn
+            self._emit_words(self._words.space(), self._transcript_ms, self._transcript_ms, now)
         for delegation_id, at in list(self._acks.items()):
             if now >= at:  # nothing came from the client yet: the voice acknowledges the request
                 del self._acks[delegation_id]
@@ -267,24 +269,25 @@ class LiveMapping:
                                              end_ms=start + round(FRAME_S * 1000)))
         elif isinstance(event, Transcript):
             self._active(now)
-            self._transcript(event)
+            self._transcript(event, now)
         elif isinstance(event, LLMAttempt | ToolRound) and self.config.delegation == "responses":
             self.responses.on_session(event, self.config)
         self._extension(event)
 
-    def _transcript(self, event: Transcript) -> None:
+    def _transcript(self, event: Transcript, now: float) -> None:
         if event.backchannel:  # "mm-hm" while the assistant speaks: no words a client would make a user turn of
             return
-        self._send_words(event, self._words.final(event.text) if event.final
-                         else self._words.partial(event.text, event.end_s, event.settled))
+        delta = self._words.final(event.text) if event.final else self._words.partial(event.text, event.settled)
+        if delta:
+            start = max(self._transcript_ms, round(event.start_s * 1000))
+            self._emit_words(delta, start, max(start, round(event.end_s * 1000)), now)
+        elif event.final:
+            self._keepalive.sent(now, False, False)  # the turn ended: no more spaces
 
-    def _send_words(self, event: Transcript, delta: str) -> None:
-        if not delta:
-            return
-        start = max(self._transcript_ms, round(event.start_s * 1000))
-        end = max(start, round(event.end_s * 1000))
+    def _emit_words(self, delta: str, start: int, end: int, now: float) -> None:
         self._transcript_ms = end
         sent = self.outbox.emit("session.input_transcript.delta", delta=delta, start_ms=start, end_ms=end)
+        self._keepalive.sent(now, bool(delta.strip()), self._words.open)
         if delta.strip():  # a space only keeps the client's user turn open (stable_text.py): no words to judge
             self._triggered(sent)
 
