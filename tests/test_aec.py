@@ -16,6 +16,7 @@ import pytest
 
 from kame.aec import EchoCanceller, EchoCancellerUnavailable, EchoOptions, echo_canceller
 from kame.audio import FRAME_SIZE, SAMPLE_RATE
+from kame.commands import PushAudio
 from kame.testing.echo import (
     ASSISTANT_TEXT,
     USER_TEXT,
@@ -315,11 +316,10 @@ def speak(m, pcm: np.ndarray, first: int = 0) -> list[bytes]:
 
 def append(m, data: bytes) -> np.ndarray:
     """The caller's audio in; what the mapping pushes to the session."""
-    from server.realtime import actions as act
 
     m.take()
     m.on_client(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(data).decode()}), 1000.0)
-    return np.concatenate([a.args[0] for a in m.take() if isinstance(a, act.SessionCall) and a.method == "push_pcm"])
+    return np.concatenate([a.pcm for a in m.take() if isinstance(a, PushAudio)])
 
 
 class FakeLineCanceller:

@@ -13,6 +13,7 @@ from openai.types.live import ServerEvent
 from pydantic import TypeAdapter
 
 from kame.codec import pcm16_encode
+from kame.commands import AddContext, Configure, PushAudio
 from kame.session_events import AssistantAudio, AssistantText, LLMAttempt, SessionFailed, Transcript
 from server.live import actions as act
 from server.live.client_events import LiveError
@@ -86,8 +87,7 @@ def test_nothing_but_an_error_before_session_start_then_the_resolved_session():
     assert session["id"] == "s1" and session["status"] == "active" and session["model"] == "gpt-live-1"
     assert session["delegation"]["type"] == "responses" and session["delegation"]["responses"]["model"] == "other"
     assert session["audio"]["format"] == {"type": "audio/pcm", "rate": 24000}
-    (configure,) = rig.of(act.SessionCall)
-    assert configure.method == "configure" and configure.args == ("other", "Cite.\n\nSpeak warmly.")
+    assert rig.of(Configure) == [Configure("other", "Cite.\n\nSpeak warmly.")]
     assert rig.of(act.Delegate) == []
     assert rig.error(type="session.start", session={"model": "m"}).code == "session_already_started"
 
@@ -97,10 +97,10 @@ def test_a_responses_model_no_profile_serves_gets_the_default_profile_and_an_inf
     rig.start(delegation={"type": "responses", "responses": {"model": "gpt-5.5"}})
     (info,) = rig.rest
     assert info["type"] == "info" and info["code"] == "delegation_model_substituted" and "gpt-5.5" in info["message"]
-    assert rig.of(act.SessionCall)[0].args[0] == "scripted"
+    assert rig.of(Configure)[0].backend == "scripted"
     rig2 = Rig()
     rig2.start(delegation={"type": "responses", "responses": {"model": "gpt-4.1"}})  # a profile's model
-    assert rig2.rest == [] and rig2.of(act.SessionCall)[0].args[0] == "other"
+    assert rig2.rest == [] and rig2.of(Configure)[0].backend == "other"
 
 
 @pytest.mark.parametrize(("event", "code", "param"), [
@@ -136,7 +136,7 @@ def test_audio_formats_odd_bytes_and_bad_base64_and_mute():
     rig.send(type="session.input_audio.append", audio=good)
     rig.send(type="session.input_audio.unmute")
     rig.send(type="session.input_audio.append", audio=good)
-    pushed = [c.args[0] for c in rig.of(act.SessionCall) if c.method == "push_pcm"]
+    pushed = [c.pcm for c in rig.of(PushAudio)]
     assert len(pushed) == 3 and np.abs(pushed[0]).max() > 0.09
     assert not pushed[1].any()  # muted: the front-end hears silence of the same length
     assert len(pushed[1]) == 1920 and np.abs(pushed[2]).max() > 0.09
@@ -147,8 +147,8 @@ def test_g711_at_8_khz_in_and_out():
     rig = Rig()
     rig.start(audio={"format": {"type": "audio/pcmu", "rate": 8000}})
     rig.send(type="session.input_audio.append", audio=base64.b64encode(b"\xff" * 640).decode())  # 80 ms
-    (push,) = [c for c in rig.of(act.SessionCall) if c.method == "push_pcm"]
-    assert len(push.args[0]) == 1920
+    (push,) = rig.of(PushAudio)
+    assert len(push.pcm) == 1920
     rig.mapping.on_session(AssistantAudio(0, NOISE, True, 0.01), rig.now)
     (delta,) = rig.events()
     assert len(base64.b64decode(delta["delta"])) == 640  # 80 ms of 8 kHz mu-law
@@ -159,7 +159,7 @@ def test_16_khz_pcm_is_resampled_both_ways():
     rig.start(audio={"format": {"type": "audio/pcm", "rate": 16000}})
     for _ in range(5):
         rig.send(type="session.input_audio.append", audio=base64.b64encode(pcm16_encode(NOISE[:1280])).decode())
-    got = sum(len(c.args[0]) for c in rig.of(act.SessionCall) if c.method == "push_pcm")
+    got = sum(len(c.pcm) for c in rig.of(PushAudio))
     assert 1920 * 5 - 1000 <= got <= 1920 * 5  # 400 ms at 24 kHz, less the resampler's delay (~35 ms)
     for frame in range(5):
         rig.mapping.on_session(AssistantAudio(frame, NOISE, True, 0.01), rig.now)
@@ -279,7 +279,7 @@ def test_responses_delegation_refuses_a_delegation_id_and_takes_context_for_the_
              event_id="t1")
     (ack,) = rig.events()
     assert ack["type"] == "session.thinking.appended" and ack["client_event_id"] == "t1"
-    assert rig.of(act.PlannerCall)[-1] == act.PlannerCall("add_context", ("context", "The user is a premium customer."))
+    assert rig.of(AddContext)[-1] == AddContext("context", "The user is a premium customer.")
     err = rig.error(type="session.thinking.append", delegation_id=None, content="word " * (MAX_CONTENT_TOKENS + 1))
     assert err.code == "string_above_max_length"
     err = rig.error(type="session.thinking.append", content="no delegation_id key")
@@ -309,13 +309,12 @@ def test_instructions_append_extends_the_prompt_and_update_changes_delegation_se
     rig.calls.clear()
     rig.send(type="session.instructions.append", delegation_id=None, content="Answer in French.")
     assert rig.types() == ["session.instructions.appended"]
-    (configure,) = rig.of(act.SessionCall)
-    assert configure.args == (None, "Be exact.\n\nAnswer in French.")
+    assert rig.of(Configure) == [Configure(None, "Be exact.\n\nAnswer in French.")]
     rig.send(type="session.update", session={"delegation": {"type": "responses", "acknowledgement_delay_ms": 300,
                                                             "responses": {"model": "other"}}})
     (updated,) = rig.events()
     assert updated["session"]["delegation"]["acknowledgement_delay_ms"] == 300
-    assert rig.of(act.SessionCall)[-1].args == ("other", "Be exact.\n\nAnswer in French.")
+    assert rig.of(Configure)[-1] == Configure("other", "Be exact.\n\nAnswer in French.")
     err = rig.error(type="session.update", session={"delegation": {"type": "client"}})
     assert (err.code, err.param) == ("invalid_value", "session.delegation.type")
     err = rig.error(type="session.update", session={"instructions": "new"})
@@ -339,10 +338,10 @@ def test_silence_is_fed_when_the_client_falls_behind_and_usage_is_reported_on_th
     rig.time(0.3)
     for _ in range(10):
         rig.time(0.08)
-    fed = [c for c in rig.of(act.SessionCall) if c.method == "push_pcm"]
-    assert len(fed) == 11 and not any(c.args[0].any() for c in fed)
+    fed = rig.of(PushAudio)
+    assert len(fed) == 11 and not any(c.pcm.any() for c in fed)
     rig.time(14.0 - 1.1 + 1.0)  # a stall: at most 3 frames at once, the rest skipped
-    assert len([c for c in rig.of(act.SessionCall) if c.method == "push_pcm"]) == 14
+    assert len(rig.of(PushAudio)) == 14
     (usage,) = [e for e in rig.events() if e["type"] == "session.usage.updated"]
     assert usage["usage"] == {"seconds": 15.0}
 

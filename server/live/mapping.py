@@ -18,6 +18,7 @@ import logging
 import numpy as np
 
 from kame.audio import FRAME_S, FRAME_SIZE, SAMPLE_RATE
+from kame.commands import AddContext, Configure, PushAudio
 from kame.protocol import wire_event
 from kame.session_events import (
     AssistantAudio,
@@ -36,9 +37,7 @@ from server.live.actions import (
     Commentary,
     Delegate,
     Finish,
-    PlannerCall,
     Play,
-    SessionCall,
 )
 from server.live.client_events import LiveError
 from server.live.config import LiveConfig, LiveFacts
@@ -122,13 +121,13 @@ class LiveMapping:
             self.echo.formats(config.audio_format["type"], config.audio_format["type"])
         self._decode, self._encode = self.echo.decoder(config.decoder()), self.echo.encoder(config.encoder())
         self._next_usage = now + self.facts.usage_interval_s
-        self.outbox.call(SessionCall("configure", (config.backend, config.system_prompt(self.facts))))
+        self.outbox.call(Configure(config.backend, config.system_prompt(self.facts)))
         if config.delegation in CLIENT_WORDS:
             self.outbox.call(Delegate())
         elif config.tools or config.tool_choice:
             self.outbox.call(ClientTools(config.tools, config.tool_choice))
         for role, text in config.history:
-            self.outbox.call(PlannerCall("add_context", ("context" if role == "developer" else role, text)))
+            self.outbox.call(AddContext("context" if role == "developer" else role, text))
         self.outbox.emit("session.started", client_event_id=event_id, session=config.resource(self.facts))
         if config.substituted:
             self._substituted(config)
@@ -203,7 +202,7 @@ class LiveMapping:
             due = int((now - self._silence_at()) / FRAME_S) + 1
             self._pushed_s += due * FRAME_S
             for _ in range(min(due, SILENCE_CATCH_UP)):  # silence nobody heard after a stall is skipped
-                self.outbox.call(SessionCall("push_pcm", (SILENCE,)))
+                self.outbox.call(PushAudio(SILENCE))
         if now >= self._next_usage:
             self._next_usage = now + self.facts.usage_interval_s
             self.outbox.emit("session.usage.updated", usage=self._usage(now))
@@ -233,7 +232,7 @@ class LiveMapping:
         self._push(pcm)
 
     def _push(self, pcm: np.ndarray) -> None:
-        self.outbox.call(SessionCall("push_pcm", (np.zeros_like(pcm) if self.muted else pcm,)))
+        self.outbox.call(PushAudio(np.zeros_like(pcm) if self.muted else pcm))
         self._pushed_s += len(pcm) / SAMPLE_RATE
 
     def _append(self, audio: str) -> None:
@@ -386,7 +385,7 @@ class LiveMapping:
         old = self.config
         self.config = old.updated(update, self.facts)
         if (self.config.backend, self.config.responses) != (old.backend, old.responses):
-            self.outbox.call(SessionCall("configure", (self.config.backend, self.config.system_prompt(self.facts))))
+            self.outbox.call(Configure(self.config.backend, self.config.system_prompt(self.facts)))
         if (self.config.tools, self.config.tool_choice) != (old.tools, old.tool_choice):
             self.outbox.call(ClientTools(self.config.tools, self.config.tool_choice))
         self.outbox.emit("session.updated", client_event_id=event_id, session=self.config.resource(self.facts))
@@ -410,10 +409,10 @@ class LiveMapping:
             self._acks.clear()  # the protocol: any commentary or thinking cancels every pending acknowledgement
         if kind == "instructions":
             self.config = self.config.with_instructions(text)
-            self.outbox.call(SessionCall("configure", (None, self.config.system_prompt(self.facts))))
+            self.outbox.call(Configure(None, self.config.system_prompt(self.facts)))
         elif kind == "commentary" and self.config.delegation in CLIENT_WORDS and text:
             self.outbox.call(Commentary(delegation_id, text))
         elif text:  # silent context; in responses delegation a commentary too: the LLM reads it
-            self.outbox.call(PlannerCall("add_context", ("context", text)))
+            self.outbox.call(AddContext("context", text))
         at = self.audio_ms()
         self.outbox.emit(f"session.{kind}.appended", client_event_id=event_id, start_ms=at, end_ms=at)
