@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from starlette.websockets import WebSocket
 
 import kame
-from kame.codec import pcm16_decode, pcm16_encode
 from kame.frontend.sampling import SAMPLING_PARAMETERS, Sampling
+from kame.pcm import pcm16_decode, pcm16_encode
 from kame.protocol import (
     ErrorEvent,
     Kind,

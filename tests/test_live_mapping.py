@@ -12,8 +12,8 @@ import pytest
 from openai.types.live import ServerEvent
 from pydantic import TypeAdapter
 
-from kame.codec import pcm16_encode
 from kame.commands import AddContext, Configure, PushAudio
+from kame.pcm import pcm16_encode
 from kame.session_events import AssistantAudio, AssistantText, LLMAttempt, SessionFailed, Transcript
 from server.live import actions as act
 from server.live.client_events import LiveError

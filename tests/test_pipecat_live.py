@@ -21,7 +21,7 @@ from pipecat.frames.frames import (
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.workers.runner import WorkerRunner
 
-from kame.codec import pcm16_encode
+from kame.pcm import pcm16_encode
 from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
 
 from .conftest import words

@@ -22,11 +22,12 @@ import numpy as np
 
 from kame.asr.end_of_turn import PauseRule, load_turn_model
 from kame.asr.events import FinalTranscript, PartialTranscript
-from kame.asr.resample import Resampler24to16
 from kame.asr.threaded import ThreadedStream
 from kame.asr.vad import RATE, VAD_CHUNK, StreamingVad, silero_session
+from kame.audio import SAMPLE_RATE
 from kame.errors import KameError
 from kame.files import sha256_of
+from kame.pcm import Resampler
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ class WhisperStream(ThreadedStream):
 
     def __init__(self, asr: WhisperAsr) -> None:
         self.asr, self.opt = asr, asr.options
-        self._resample = Resampler24to16()
+        self._resample = Resampler(SAMPLE_RATE, 16000)
         self._vad = StreamingVad(asr.vad_session)
         self._pending = np.zeros(0, dtype=np.float32)  # 16 kHz samples not yet through the VAD
         self._heard = 0  # 16 kHz samples through the VAD: the audio clock

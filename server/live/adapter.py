@@ -21,8 +21,8 @@ from kame.audio import FRAME_S
 from kame.backend.decide import decide
 from kame.backend.llm import LLMError
 from kame.clock import Clock, MonotonicClock
-from kame.codec import pcm16_encode
 from kame.commands import SESSION_COMMANDS, PushAudio, UseLLM
+from kame.pcm import pcm16_encode
 from kame.protocol import ProtocolError
 from kame.session import TandemSession
 from kame.session_events import AssistantAudio, SessionEvent
