@@ -14,8 +14,9 @@ import numpy as np
 import websockets
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from kame.codec import OpusDecoder, OpusEncoder, pcm16_decode, pcm16_encode
+from kame.codec import OpusDecoder, OpusEncoder
 from kame.errors import KameError
+from kame.pcm import pcm16_decode, pcm16_encode
 from kame.protocol import (
     FRAME_SIZE,
     SAMPLE_RATE,

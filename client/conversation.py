@@ -10,8 +10,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from client.client import AudioMessage, ErrorMessage, EventMessage, KameClient, ServerMessage, TextMessage
+from kame.conversation_log import ConversationLog
 from kame.protocol import FRAME_SIZE as FRAME
 from kame.protocol import SAMPLE_RATE as RATE
+from kame.protocol import session_event
+from kame.session_events import AssistantAudio, AssistantText, SessionEvent
 
 
 @dataclass
@@ -25,6 +28,8 @@ class Conversation:
     errors: list[tuple[float, str]] = field(default_factory=list)
     frames_sent: int = 0
     input_end_s: float = 0.0  # when the last frame of the input file (before the tail) was sent
+    # what came, in order, in the library's types: the events read back, the text and audio as the session's
+    typed: list[tuple[float, SessionEvent]] = field(default_factory=list)
 
     @property
     def assistant_audio(self) -> np.ndarray:
@@ -37,15 +42,23 @@ class Conversation:
     def events_of(self, kind: str) -> list[dict]:
         return [e for _, e in self.events if e.get("type") == kind]
 
+    def log(self) -> ConversationLog:
+        """The conversation in the library's types (what the evaluations read, as from a session in process)."""
+        return ConversationLog(list(self.typed), speech_end_s=self.input_end_s, frames_sent=self.frames_sent)
+
     def add(self, message: ServerMessage) -> tuple[float, str, object] | None:
         t = message.received_s - self.started
         if isinstance(message, AudioMessage):
+            self.typed.append((t, AssistantAudio(len(self.audio), message.pcm, ready=True, latency_s=None)))
             self.audio.append(message.pcm)
             return None
-        if isinstance(message, TextMessage):
+        if isinstance(message, TextMessage):  # on the wire a text piece has no frame: the frames received before it
+            self.typed.append((t, AssistantText(len(self.audio), message.text)))
             self.text.append((t, message.text))
             return t, "text", message.text
         if isinstance(message, EventMessage):
+            if (typed := session_event(message.event)) is not None:
+                self.typed.append((t, typed))
             event = message.event.model_dump(exclude_none=True)
             self.events.append((t, event))
             return t, "event", event

@@ -24,8 +24,7 @@ from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSes
 from aiortc.mediastreams import MediaStreamError
 
 from client.client import ServerRefused, opening
-from kame.codec import pcm16_decode, pcm16_encode
-from kame.resample2 import Up2
+from kame.pcm import Resampler, pcm16_decode, pcm16_encode
 from kame.rtc import OpusInput, receive_opus, send_cheaply
 
 LIVE_PATH = "/v1/live/sessions"
@@ -121,7 +120,7 @@ class _Microphone(MediaStreamTrack):
     def __init__(self) -> None:
         super().__init__()
         self._packets: asyncio.Queue[np.ndarray | None] = asyncio.Queue()
-        self._upsample = Up2()
+        self._upsample = Resampler(24000, 48000)
         self._pending = np.zeros(0, np.float32)
         self._pts = 0
 

@@ -20,7 +20,7 @@ import numpy as np
 import websockets
 
 from client.client import opening, send_paced
-from kame.codec import pcm16_decode, pcm16_encode
+from kame.pcm import pcm16_decode, pcm16_encode
 from kame.protocol import SAMPLE_RATE as RATE
 
 REALTIME_PATH = "/v1/realtime"

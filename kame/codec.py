@@ -59,16 +59,6 @@ class OpusEncoder:
         return self._writer.append_pcm(np.asarray(pcm, dtype=np.float32))
 
 
-def pcm16_decode(data: bytes) -> np.ndarray:
-    if len(data) % 2:
-        raise ProtocolError("PCM16 audio must have an even number of bytes")
-    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
-
-
-def pcm16_encode(pcm: np.ndarray) -> bytes:
-    return (np.clip(pcm, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
-
-
 class FrameSplitter:
     """Re-cuts PCM of any chunk size into whole frames of FRAME_SIZE samples."""
 

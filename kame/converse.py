@@ -3,8 +3,9 @@
 The audio is pushed at real-time pace (the ASR, the planner's restarts and the LLM see the
 timing a user would give them), then `tail_s` of silence while the answer is spoken; or, with
 `realtime=False`, as fast as the engine answers. Its transports' twins are `client.conversation`
-(Moshi's websocket) and `client.realtime_client` (OpenAI Realtime); `kame.eval.inprocess` gives the
-evaluations this conversation in the websocket's shape.
+(Moshi's websocket) and `client.realtime_client` (OpenAI Realtime). `ConversationLog` is what both
+this and a websocket conversation (`client.conversation.Conversation.log`) give the evaluations: the
+session's events in the library's types, timed.
 """
 
 from __future__ import annotations
@@ -12,69 +13,25 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from kame.audio import FRAME_SIZE, SAMPLE_RATE
+from kame.conversation_log import ConversationLog
 from kame.runtime import Runtime
 from kame.session import SessionConfig, TandemSession
-from kame.session_events import (
-    AssistantAudio,
-    AssistantText,
-    LLMAttempt,
-    OracleApplied,
-    SessionEvent,
-    SessionFailed,
-    Transcript,
-)
-
-
-@dataclass
-class InProcessConversation:
-    """Every event of a session in this process, with times in seconds since it opened."""
-
-    events: list[tuple[float, SessionEvent]] = field(default_factory=list)  # (seconds since start, event)
-    speech_end_s: float = 0.0  # when the question's last sample was pushed
-    frames_sent: int = 0  # the question's frames and the tail's
-
-    def of(self, kind: type) -> list:
-        return [e for _, e in self.events if isinstance(e, kind)]
-
-    @property
-    def assistant_text(self) -> str:
-        return "".join(e.text for e in self.of(AssistantText)).strip()
-
-    @property
-    def assistant_audio(self) -> np.ndarray:
-        frames = [e.pcm for e in self.of(AssistantAudio)]
-        return np.concatenate(frames) if frames else np.zeros(0, np.float32)
-
-    def lines(self) -> list[str]:
-        """What happened, one readable line per transcript, oracle update and LLM phase."""
-        out = []
-        for t, event in self.events:
-            if isinstance(event, Transcript):
-                out.append(f"{t:6.2f}s  {'final  ' if event.final else 'partial'} {event.text}")
-            elif isinstance(event, OracleApplied) and event.accepted:
-                out.append(f"{t:6.2f}s  oracle  {event.op:6} {event.text}")
-            elif isinstance(event, SessionFailed):
-                out.append(f"{t:6.2f}s  error   {event.message}")
-            elif isinstance(event, LLMAttempt) and event.phase in ("started", "done", "failed"):
-                detail = event.user_text if event.phase == "started" else (event.answer or event.error or "")
-                out.append(f"{t:6.2f}s  llm {event.epoch:<3} {event.phase:7} {detail}")
-        return out
+from kame.session_events import AssistantAudio, SessionEvent
 
 
 async def converse_in_process(runtime: Runtime, pcm: np.ndarray, config: SessionConfig | None = None,
                               tail_s: float = 4.0, realtime: bool = True,
-                              max_ahead_frames: int = 6) -> InProcessConversation:
+                              max_ahead_frames: int = 6) -> ConversationLog:
     """Speak `pcm` (24 kHz mono) to a new session and collect every event: at real-time pace, or
     (`realtime=False`) as fast as the engine answers, at most `max_ahead_frames` ahead of its audio."""
     config = config or SessionConfig()
     if not realtime:  # frames sent ahead on purpose must never be skipped to keep the session live
         config = dataclasses.replace(config, realtime=False)
-    conversation = InProcessConversation()
+    conversation = ConversationLog()
     started = time.monotonic()
     async with await TandemSession.open(runtime, config) as session:
         pace = _Pace(started, realtime, max_ahead_frames)
@@ -137,7 +94,7 @@ async def _speak(session: TandemSession, pcm: np.ndarray, pace: _Pace) -> None:
     await pace.wait_turn()
 
 
-async def _collect(session: TandemSession, conversation: InProcessConversation, pace: _Pace) -> None:
+async def _collect(session: TandemSession, conversation: ConversationLog, pace: _Pace) -> None:
     try:
         async for event in session:
             conversation.events.append((time.monotonic() - pace.started, event))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
@@ -90,8 +91,9 @@ class TranscriptEvent(_Event):
     start_s: float  # audio time of the session (seconds of audio the client sent)
     end_s: float
     backchannel: Literal[True] | None = None  # only on a backchannel ("mm-hm" while the assistant spoke)
+    settled: Literal[True] | None = None  # only on a partial whose words are settled (the speech paused)
 
-    @field_validator("backchannel", mode="before")
+    @field_validator("backchannel", "settled", mode="before")
     @classmethod
     def _only_when_true(cls, value: bool | None) -> Literal[True] | None:
         return True if value else None
@@ -231,6 +233,27 @@ def wire_event(event: SessionEvent) -> _Event | None:
     model, added = wire
     fields = {f.name: getattr(event, f.name) for f in dataclasses.fields(event) if f.name in model.model_fields}
     return model(**fields, **added)
+
+
+# what a wire event does not carry of its session event: unknown to a client, never made up
+_NOT_ON_WIRE: dict[type, dict[str, object]] = {Transcript: {"lag_s": math.nan}}
+
+
+def session_event(wire: _Event) -> SessionEvent | None:
+    """The session event a wire event reports (`wire_event` read back: a client's conversation in the
+    library's types); fields the wire does not carry take their defaults (a transcript's `lag_s`: NaN).
+    None for a wire event no session event makes (ready, stats)."""
+    for kind, (model, added) in _WIRE.items():
+        if isinstance(wire, model):
+            names = {f.name for f in dataclasses.fields(kind)}
+            fields = {k: v for k, v in wire.model_dump().items() if k in names and k not in added}
+            if isinstance(fields.get("sources"), list):
+                fields["sources"] = tuple(fields["sources"])
+            for flag in ("backchannel", "settled"):  # sent only when true
+                if flag in fields:
+                    fields[flag] = bool(fields[flag])
+            return kind(**(_NOT_ON_WIRE.get(kind, {}) | fields))
+    return None
 
 
 # ----------------------------------------------------------------- client -> server messages

@@ -27,7 +27,7 @@ from aiortc import RTCRtpTransceiver
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.rtp import RtpPacket
 
-from kame.resample2 import Down2
+from kame.pcm import Resampler
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class OpusInput:
     def _decode_all(self) -> None:
         decoder = av.CodecContext.create("libopus", "r")
         decoder.format, decoder.layout, decoder.sample_rate = "s16", "stereo", OPUS_RATE
-        halve = Down2()
+        halve = Resampler(48000, 24000)
         while (item := self._packets.get()) is not None:
             lost, payload = item
             pcm = [np.zeros(PACKET_SAMPLES * min(lost, MAX_FILL), np.float32)] if lost else []

@@ -15,15 +15,28 @@ import contextlib
 import dataclasses
 import logging
 import uuid
+from typing import Literal
 
 import numpy as np
 
 from kame.asr import NoAsr
 from kame.asr.events import FinalTranscript
 from kame.asr.feed import AsrFeed
+from kame.backend.llm import LLMClient
 from kame.backend.planner import Planner
 from kame.clock import Clock, MonotonicClock
 from kame.codec import FrameSplitter
+from kame.commands import (
+    AddContext,
+    AddUserText,
+    Configure,
+    PushAudio,
+    RequestAttempt,
+    SessionCommand,
+    SetOracleDelay,
+    TruncateAssistant,
+    UseLLM,
+)
 from kame.engine_events import FrameEvents
 from kame.errors import EngineError, SessionError, SlotsBusy
 from kame.frontend.engine import FrameOutput
@@ -229,6 +242,56 @@ class TandemSession:
         self._emit(event)
         return event
 
+    def add_context(self, role: Literal["user", "assistant", "context"], text: str) -> None:
+        """A line the conversation gains without speech: earlier history (`user`, `assistant`) or the
+        application's silent context (`context`), which every later attempt reads."""
+        self.planner.add_context(role, text)
+
+    def request_attempt(self) -> None:
+        """Start an LLM attempt now (within the rate limit) on the conversation as it is."""
+        self.planner.request_attempt()
+
+    def use_llm(self, llm: LLMClient) -> None:
+        """The backend becomes `llm` (not a profile: a client answering as the LLM); `configure` with a
+        profile switches back."""
+        self.planner.set_llm(llm)
+
+    @property
+    def system_prompt(self) -> str:
+        return self.planner.system_prompt
+
+    @property
+    def conversation(self) -> list[str]:
+        """The conversation as the LLM reads it, a line per turn."""
+        return self.planner.conversation
+
+    @property
+    def tools_on(self) -> bool:
+        """Tools are offered to the LLM (some are set, and the backend calls tools)."""
+        return self.planner.tools_on
+
+    def apply(self, command: SessionCommand) -> None:
+        """Carry out a mapping's command (kame/commands.py) through this API."""
+        match command:
+            case PushAudio(pcm=pcm):
+                self.push_pcm(pcm)
+            case Configure(backend=backend, system_prompt=prompt):
+                self.configure(backend, prompt)
+            case SetOracleDelay(seconds=seconds):
+                self.set_oracle_delay(seconds)
+            case AddUserText(text=text):
+                self.add_user_text(text)
+            case TruncateAssistant(said=said, heard=heard):
+                self.truncate_assistant(said, heard)
+            case AddContext(role=role, text=text):
+                self.add_context(role, text)
+            case RequestAttempt():
+                self.request_attempt()
+            case UseLLM(llm=llm):
+                self.use_llm(llm)
+            case _:
+                raise TypeError(f"not a session command: {command!r}")
+
     # ---------------------------------------------------------------- outputs
 
     def __aiter__(self) -> EventOutlet:
@@ -273,7 +336,8 @@ class TandemSession:
             final = isinstance(event, FinalTranscript)
             lag = self._timing.lag(event.end_s)  # a final's: the answer comes from a stream started from now on
             backchannel = self.planner.is_backchannel(event)
-            self._emit(Transcript(final, event.text, round(event.start_s, 3), round(event.end_s, 3), lag, backchannel))
+            self._emit(Transcript(final, event.text, round(event.start_s, 3), round(event.end_s, 3), lag, backchannel,
+                                  not final and event.settled))
             if not backchannel:
                 self.planner.on_transcript(event)
 

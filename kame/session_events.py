@@ -40,6 +40,7 @@ class Transcript:
     end_s: float
     lag_s: float  # wall time from receiving the audio up to end_s to this transcript
     backchannel: bool = False  # "mm-hm" while the assistant spoke: the planner let it pass, no turn
+    settled: bool = False  # a partial: the speech paused, its words will not change (the turn may go on)
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class LLMAttempt:
     epoch: int
     backend: str
     trigger: str
-    user_text: str = ""  # with "started"
+    user_text: str = ""  # with "started": the user's words it answers (data: no "user:" role to strip)
     latency_s: float | None = None  # with "first_token": request -> first words
     answer: str = ""  # with the last phase, as are:
     oracle_tokens: int = 0  # the oracle tokens it sent

@@ -11,43 +11,11 @@ logger = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from server.flags import SERVE_FLAGS, add_flags
+
     serve = sub.add_parser("serve", help="run the websocket server")
     serve.add_argument("--config", default=None, help="TOML config file (see configs/default.toml)")
-    serve.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=None, help="port (default 8998)")
-    serve.add_argument("--frontend", default=None,
-                       help="preset, local directory or HF repo (default: SakanaAI/kame with a GPU, tiny-copy without)")
-    serve.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
-    serve.add_argument("--quantize", default=None, choices=["none", "int8"],
-                       help="int8: the front-end LM's weights in int8 through bitsandbytes (CUDA only; about half "
-                            "the memory of bf16, see docs/benchmarks.md); default none")
-    serve.add_argument("--max-sessions", type=int, default=None, help="session slots (default: 4 on CPU, 32 on GPU)")
-    serve.add_argument("--fronts", type=int, default=None, metavar="N",
-                       help="N front processes (the sockets, codecs, ASR feeds and planners) sharing one engine "
-                            "process (the model and its batch) behind one port: past ~48 sessions on a GPU, one "
-                            "front per 48 (docs/scaling.md); default 0: one process for everything")
-    serve.add_argument("--kv-cache", default=None, choices=["auto", "model", "int8"],
-                       help="the LM's KV cache: int8 holds half the bytes of bf16 (docs/benchmarks.md); auto (the "
-                            "default): the model's dtype where --max-sessions of it fit on the GPU, else int8")
-    serve.add_argument("--asr", default=None, choices=["whisper", "kyutai-stt", "none"])
-    serve.add_argument("--asr-model", default=None)
-    serve.add_argument("--end-of-turn", default=None, choices=["smart-turn", "silence"],
-                       help="what ends a user's turn with the whisper ASR: smart-turn, a model that judges each "
-                            "pause (the default where pipecat-ai is installed), or silence, 0.6 s of it "
-                            "(docs/turn-taking.md)")
-    serve.add_argument("--llm", default=None, metavar="PROFILE",
-                       help="sessions' default LLM backend profile: openai, anthropic, gemini, local, embedded, or one "
-                            "of the config's [profiles.NAME] (default: openai with OPENAI_API_KEY set, else embedded)")
-    serve.add_argument("--llm-base-url", default=None, help="an ad-hoc OpenAI-compatible endpoint ...")
-    serve.add_argument("--llm-model", default=None, help="... and its model (together: profile 'custom')")
-    serve.add_argument("--llm-api-key-env", default=None, help="env var holding its key (default OPENAI_API_KEY)")
-    serve.add_argument("--knowledge", default=None, metavar="DIR",
-                       help="answer from the documents in DIR (.txt, .md, .html, .pdf): indexed at start-up, "
-                            "re-indexed when they change and on SIGHUP ([knowledge] in the config)")
-    serve.add_argument("--record", default=None, metavar="DIR",
-                       help="keep each session's audio and events in DIR (stores users' voices: off by default)")
-    serve.add_argument("--auth-token", action="append", default=None, metavar="TOKEN",
-                       help="accept clients with this bearer token (repeatable); required off loopback")
+    add_flags(serve, SERVE_FLAGS)
     ray = serve.add_argument_group("Ray Serve", "--ray: one engine replica per GPU behind one endpoint "
                                    "(pip install -e '.[ray]'; docs/scaling.md)")
     ray.add_argument("--ray", action="store_true", help="serve on Ray Serve; every other flag means what it "
@@ -61,15 +29,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     from server.app import DrainingServer, create_app
+    from server.flags import SERVE_FLAGS, given
     from server.services import Services
     from server.settings import load_settings
 
-    settings = load_settings(
-        args.config, host=args.host, port=args.port, frontend=args.frontend, device=args.device,
-        quantize=args.quantize, max_sessions=args.max_sessions, kv_cache=args.kv_cache, fronts=args.fronts,
-        asr=args.asr, asr_model=args.asr_model, llm=args.llm, end_of_turn=args.end_of_turn,
-        llm_base_url=args.llm_base_url, llm_model=args.llm_model, llm_api_key_env=args.llm_api_key_env,
-        auth_tokens=args.auth_token, record_dir=args.record, knowledge_dir=args.knowledge)
+    settings = load_settings(args.config, **given(args, SERVE_FLAGS))
     if args.ray or args.replicas or args.autoscale or args.ray_address:
         if settings.fronts:
             from kame.errors import KameError

@@ -41,18 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     doctor = sub.add_parser("doctor", help="say what kame serve would do here (device, models, memory, LLM), "
                             "before any download")
     doctor.add_argument("--config", default=None, help="TOML config file, as kame serve --config")
-    doctor.add_argument("--frontend", default=None, help="preset, local directory or HF repo")
-    doctor.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
-    doctor.add_argument("--quantize", default=None, choices=["none", "int8"])
-    doctor.add_argument("--max-sessions", type=int, default=None, help="session slots wanted")
-    doctor.add_argument("--kv-cache", default=None, choices=["auto", "model", "int8"])
-    doctor.add_argument("--asr", default=None, choices=["whisper", "kyutai-stt", "none"])
-    doctor.add_argument("--asr-model", default=None)
-    doctor.add_argument("--end-of-turn", default=None, choices=["smart-turn", "silence"])
-    doctor.add_argument("--llm", default=None, metavar="PROFILE", help="sessions' default LLM backend profile")
-    doctor.add_argument("--llm-base-url", default=None, help="an ad-hoc OpenAI-compatible endpoint ...")
-    doctor.add_argument("--llm-model", default=None, help="... and its model (together: profile 'custom')")
-    doctor.add_argument("--llm-api-key-env", default=None, help="env var holding its key ('' for none)")
+    from server.flags import MODEL_FLAGS, add_flags
+
+    add_flags(doctor, MODEL_FLAGS)
     doctor.set_defaults(func=run_doctor)
 
 
@@ -72,15 +63,11 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 
 def diagnose(args: argparse.Namespace) -> list[Check]:
+    from server.flags import MODEL_FLAGS, given
     from server.settings import SettingsError, load_settings
 
     try:  # the settings kame serve would build from the same flags
-        settings = load_settings(
-            args.config, frontend=args.frontend, device=args.device, quantize=args.quantize,
-            max_sessions=args.max_sessions, kv_cache=args.kv_cache, asr=args.asr, asr_model=args.asr_model,
-            llm=args.llm,
-            end_of_turn=args.end_of_turn, llm_base_url=args.llm_base_url, llm_model=args.llm_model,
-            llm_api_key_env=args.llm_api_key_env)
+        settings = load_settings(args.config, **given(args, MODEL_FLAGS))
     except SettingsError as exc:
         return [Check("FAIL", "settings", str(exc))]
     return run_checks(settings)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from starlette.websockets import WebSocket
 
 import kame
-from kame.codec import pcm16_decode, pcm16_encode
 from kame.frontend.sampling import SAMPLING_PARAMETERS, Sampling
+from kame.pcm import pcm16_decode, pcm16_encode
 from kame.protocol import (
     ErrorEvent,
     Kind,
@@ -112,7 +112,7 @@ class Session(SocketSession):
         await self._send_now(encode(Kind.METADATA, json.dumps(self._metadata(tandem)).encode()))
         self._event(ReadyEvent(
             session_id=self.id, frontend=runtime.frontend.source, asr=runtime.asr.name, backend=tandem.backend,
-            backends=list(runtime.profiles), system_prompt=tandem.planner.system_prompt,
+            backends=list(runtime.profiles), system_prompt=tandem.system_prompt,
             audio=self.options.audio, replica=self.settings.replica))
 
     def _metadata(self, tandem: TandemSession) -> dict:

@@ -85,6 +85,7 @@ class WhisperSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     decode_interval_s: float = Field(WhisperOptions.decode_interval_s, gt=0, le=5)
+    settle_s: float = Field(WhisperOptions.settle_s, gt=0, le=5)  # docs/live.md, "Transcript cadence"
     vad_threshold: float = Field(WhisperOptions.vad_threshold, gt=0, lt=1)
     min_silence_s: float = Field(WhisperOptions.min_silence_s, gt=0, le=5)
     max_utterance_s: float = Field(WhisperOptions.max_utterance_s, gt=1, le=30)

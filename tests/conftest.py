@@ -19,8 +19,6 @@ import pytest
 from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
 from kame.training.dialogues import WORKER_MALLOC
 
-from . import workers
-
 # Test processes keep freed memory, with the variables `kame train`'s prepare workers start with:
 # Whisper and torch free and take blocks of over 32 MB again and again, and glibc's default gives each
 # back to the kernel and faults it in again, page by page. glibc reads these when a process starts:
@@ -32,8 +30,7 @@ for _name, _value in WORKER_MALLOC.items():
 
 @pytest.fixture(scope="session")
 def tiny():
-    """(torch is imported in the fixtures, not at the top: tests/test_workers.py wires this file's hooks
-    into a small pytest run of its own, which needs no torch)"""
+    """(torch is imported in the fixtures, not at the top: collecting and the hooks need no torch)"""
     from kame.frontend.loader import load_frontend
 
     return load_frontend("tiny", "cpu")
@@ -164,57 +161,41 @@ def voices(tmp_path_factory):
     return {key: speech(question, cache) for key, (question, _) in QUESTIONS.items()}
 
 
-# ------------------------------------------------------------------ several workers (tests/workers.py)
+# ------------------------------------------------------------------ the parallel run, then the realtime one
 
-
-def pytest_configure(config):
-    workers.configure(config)
-
-
-def pytest_unconfigure(config):
-    workers.unconfigure(config)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node):
-    workers.configure_node(node)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    return workers.make_scheduler(config, log)
+# README's test command runs the suite twice: `-n auto -m "not realtime"` (a file per worker at a time,
+# `--dist loadfile` in pyproject: a module's fixtures are set up once), then `-m realtime` in one process,
+# where a test that promises real-time pace has the machine to itself. The slowest files of the parallel
+# run go first (docs/benchmarks.md), so that none of them is its long tail; a file missing here only runs
+# later, a stale entry costs nothing.
+SLOWEST_FIRST = (
+    "tests/test_training_e2e.py",
+    "tests/test_training.py",
+    "tests/test_recipe.py",
+    "tests/test_eval.py",
+    "tests/test_eval_robustness.py",
+    "tests/test_tools_e2e.py",
+    "tests/test_embedded_llm.py",
+    "tests/test_training_data.py",
+    "tests/test_hub_layouts.py",
+    "tests/test_aec.py",
+)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
-    return workers.auto_workers()
-
-
-@pytest.fixture
-def alone(request):
-    """`with alone(): ...`: the part of a test that must run at real-time pace, with no other worker's
-    test running beside it (tests/workers.py); a `realtime` test has it for its whole call."""
-    return lambda: workers.alone(request.node)
-
-
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_protocol(item, nextitem):
-    with workers.running(item):  # outside pytest-timeout's timer: waiting for the lock is not the test's time
-        return (yield)
-
-
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_call(item):
-    with workers.calling(item):  # a `realtime` test's call alone (its wait counts against its timeout)
-        return (yield)
+    """`-n auto`: a worker per core, at most 4 (each holds its own models and servers)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests run where CUDA is (scripts/gpu_bench.sh runs them); elsewhere they are skipped. On
-    xdist workers, the files are put in the order tests/workers.py hands them out."""
+    """The slowest files first (stable: a file's tests keep their order; every worker sorts the same way,
+    which xdist checks). `gpu` tests run where CUDA is (scripts/gpu_bench.sh runs them); elsewhere they are
+    skipped."""
     import torch
 
-    workers.order(config, items)
+    items.sort(key=lambda item: SLOWEST_FIRST.index(path) if (path := item.nodeid.split("::", 1)[0])
+               in SLOWEST_FIRST else len(SLOWEST_FIRST))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -16,6 +16,7 @@ import pytest
 
 from kame.aec import EchoCanceller, EchoCancellerUnavailable, EchoOptions, echo_canceller
 from kame.audio import FRAME_SIZE, SAMPLE_RATE
+from kame.commands import PushAudio
 from kame.testing.echo import (
     ASSISTANT_TEXT,
     USER_TEXT,
@@ -36,8 +37,8 @@ def noise_speech(seconds: float, seed: int = 0) -> np.ndarray:
     return (pcm * on).astype(np.float32)
 
 
-def echoed(far: np.ndarray, delay_ms: float, gain_db: float = -6.0) -> np.ndarray:
-    delay = int(delay_ms * SAMPLE_RATE / 1000)
+def echoed(far: np.ndarray, delay_ms: float, gain_db: float = -6.0, rate: int = SAMPLE_RATE) -> np.ndarray:
+    delay = int(delay_ms * rate / 1000)
     echo = np.zeros_like(far)
     echo[delay:] = far[: len(far) - delay] * 10 ** (gain_db / 20)
     return echo
@@ -81,11 +82,11 @@ def test_a_cleared_reference_is_not_cancelled_and_an_old_one_is_dropped():
 
 
 def test_a_phone_line_is_cancelled_at_8_khz():
-    from kame.telephony import TELEPHONE_RATE, Downsampler
+    from kame.pcm import TELEPHONE_RATE, Resampler
 
-    far = Downsampler()(noise_speech(6.0))
-    mic = echoed(far, 200)
-    canceller = EchoCanceller(sample_rate=TELEPHONE_RATE)
+    far = Resampler(SAMPLE_RATE, TELEPHONE_RATE)(noise_speech(6.0))
+    mic = echoed(far, 200, rate=TELEPHONE_RATE)  # (this once delayed 600 ms, at 24 kHz's count: the canceller's
+    canceller = EchoCanceller(sample_rate=TELEPHONE_RATE)  # range ends there, and its result with it)
     cleaned = np.concatenate([canceller.process_input(mic[i:i + 160], far[i:i + 160]) for i in range(0, len(mic), 160)])
     assert canceller.chunk == 80 and len(cleaned) == len(mic)
     assert erle_db(mic, cleaned, slice(3 * TELEPHONE_RATE, 6 * TELEPHONE_RATE)) > 20
@@ -315,11 +316,10 @@ def speak(m, pcm: np.ndarray, first: int = 0) -> list[bytes]:
 
 def append(m, data: bytes) -> np.ndarray:
     """The caller's audio in; what the mapping pushes to the session."""
-    from server.realtime import actions as act
 
     m.take()
     m.on_client(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(data).decode()}), 1000.0)
-    return np.concatenate([a.args[0] for a in m.take() if isinstance(a, act.SessionCall) and a.method == "push_pcm"])
+    return np.concatenate([a.pcm for a in m.take() if isinstance(a, PushAudio)])
 
 
 class FakeLineCanceller:
@@ -341,7 +341,7 @@ class FakeLineCanceller:
 
 def test_a_telephone_session_cancels_what_it_sent_from_what_it_hears(monkeypatch):
     import server.echo
-    from kame.telephony import Downsampler, Upsampler, ulaw_decode, ulaw_encode
+    from kame.pcm import TELEPHONE_RATE, Resampler, ulaw_decode, ulaw_encode
 
     made = []
     monkeypatch.setattr(server.echo, "echo_canceller", lambda **o: made.append(FakeLineCanceller(**o)) or made[-1])
@@ -352,10 +352,11 @@ def test_a_telephone_session_cancels_what_it_sent_from_what_it_hears(monkeypatch
     sent = speak(m, speech)
     assert len(sent) == len(canceller.played) == 5  # the reference is each frame sent, as it was encoded
     assert np.array_equal(np.concatenate(canceller.played), speech)
-    assert b"".join(sent) == ulaw_encode(Downsampler()(speech))
+    assert b"".join(sent) == ulaw_encode(Resampler(SAMPLE_RATE, TELEPHONE_RATE)(speech))
     line = ulaw_encode(np.full(160, 0.1, np.float32))
     pushed = append(m, line)
-    assert np.array_equal(canceller.captured[-1], Upsampler()(ulaw_decode(line)))  # the caller's audio, decoded
+    decoded = Resampler(TELEPHONE_RATE, SAMPLE_RATE)(ulaw_decode(line))
+    assert np.array_equal(canceller.captured[-1], decoded)  # the caller's audio, decoded
     assert np.array_equal(pushed, canceller.captured[-1] * 0.5)  # ... and cleaned, is what the session hears
 
 
@@ -380,7 +381,7 @@ def test_a_speakerphone_callers_echo_does_not_reach_the_session(talk_audio):
     """End to end through the mapping and the real canceller: the assistant's speech goes out as
     mu-law, every 80 ms; its echo comes back 200 ms later at -6 dB in 20 ms chunks, and what reaches
     the session is quiet."""
-    from kame.telephony import TELEPHONE_RATE, Upsampler, ulaw_decode, ulaw_encode
+    from kame.pcm import TELEPHONE_RATE, Resampler, ulaw_decode, ulaw_encode
 
     _, assistant = talk_audio
     m = mapping()
@@ -395,7 +396,7 @@ def test_a_speakerphone_callers_echo_does_not_reach_the_session(talk_audio):
         chunk, line = ulaw_encode(line[:frame]), line[frame:]
         heard.append(chunk)
         pushed += [append(m, chunk[i:i + 160]) for i in range(0, frame, 160)]
-    uncleaned, cleaned = Upsampler()(ulaw_decode(b"".join(heard))), np.concatenate(pushed)
+    uncleaned, cleaned = Resampler(TELEPHONE_RATE, SAMPLE_RATE)(ulaw_decode(b"".join(heard))), np.concatenate(pushed)
     assert len(cleaned) == len(uncleaned)
     assert erle_db(uncleaned, cleaned, slice(2 * SAMPLE_RATE, 6 * SAMPLE_RATE)) > 25
 

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from kame.asr import FinalTranscript, NoAsr, PartialTranscript, build_asr
-from kame.asr.resample import Resampler24to16
 from kame.asr.transcribe import transcribe_pcm
 from kame.asr.whisper import AsrError, WhisperAsr, WhisperOptions, bundled_tiny_en, resolve_model
+from kame.audio import SAMPLE_RATE
 from kame.cli import main
+from kame.pcm import Resampler
 from kame.testing.speech import speech
 
 QUESTION = "What is the capital of France, and why is it so famous?"
@@ -134,8 +135,8 @@ def test_no_asr_emits_nothing():
 def test_resampler_is_chunk_invariant_and_keeps_the_pitch():
     t = np.arange(24000) / 24000
     x = np.sin(2 * np.pi * 440 * t).astype(np.float32)
-    whole = Resampler24to16()(x)
-    chunked = Resampler24to16()
+    whole = Resampler(SAMPLE_RATE, 16000)(x)
+    chunked = Resampler(SAMPLE_RATE, 16000)
     pieces = np.concatenate([chunked(x[i:i + 700]) for i in range(0, len(x), 700)])
     assert len(whole) == 16000 and np.allclose(whole, pieces[: len(whole)], atol=1e-5)
     spectrum = np.abs(np.fft.rfft(whole[1000:]))

@@ -112,7 +112,7 @@ def _client_modules() -> list[str]:
 
 def test_the_wire_clients_need_no_torch():
     """client/ speaks the protocol with the codec and audio helpers only: no torch, moshi or ASR, in
-    any of its modules (evaluation and replay in process are kame/eval/'s)."""
+    any of its modules at import (the eval and replay commands load the library's models when they run)."""
     modules = _client_modules()
     assert {"client.client", "client.cli", "client.conversation", "client.talk"} <= set(modules)
     assert _heavy_modules_after("".join(f"import {m}\n" for m in modules)) == ""

@@ -15,10 +15,10 @@ import pytest
 from kame.asr import FinalTranscript, PartialTranscript, build_asr
 from kame.asr import end_of_turn as eot
 from kame.asr.end_of_turn import RATE, EndOfTurnError, PauseRule, bundled_smart_turn, load_turn_model
-from kame.asr.resample import Resampler24to16
 from kame.asr.transcribe import transcribe_pcm
 from kame.asr.whisper import WhisperAsr, WhisperOptions
 from kame.audio import SAMPLE_RATE
+from kame.pcm import Resampler
 from kame.testing.pauses import paused_question, quietest_cut, speech_end, word_starts
 from kame.testing.speech import speech
 from server.settings import ServerSettings, SettingsError, load_settings
@@ -66,7 +66,7 @@ def test_smart_turn_hears_a_sentence_cut_short_as_incomplete(smart, tts):
     pause = np.zeros(int(WhisperOptions.eot_tail_s * SAMPLE_RATE), np.float32)  # the bit of the pause it hears
 
     def heard(audio24: np.ndarray) -> float:
-        return smart.turn_model(Resampler24to16()(audio24))
+        return smart.turn_model(Resampler(SAMPLE_RATE, 16000)(audio24))
 
     whole = heard(np.concatenate([pcm[: int(speech_end(pcm) * SAMPLE_RATE)], pause]))
     cut_short = heard(np.concatenate([pcm[:cut], pause]))

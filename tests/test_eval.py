@@ -109,10 +109,26 @@ def test_the_eval_commands_load_no_speech_synthesis_until_a_run():
     import subprocess
     import sys
 
-    probe = ("import kame.eval.cli, kame.eval.replay, kame.eval.harness, kame.eval.inprocess, sys\n"
+    probe = ("import client.eval_cli, client.replay, kame.eval.harness, kame.eval.inprocess, sys\n"
              f"print(sorted(m for m in sys.modules if m.split('.')[0] in {PIPER!r} or m == 'kame.testing.speech'))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_latency_figures_read_the_sessions_events():
+    from kame.eval.mtbench import latency_figures
+    from kame.session_events import AssistantText, LLMAttempt, OracleApplied, Transcript
+
+    events = [(0.5, Transcript(False, "what is", 0.0, 0.5, 0.1)),
+              (0.6, LLMAttempt("started", 1, "b", "partial", user_text="what is the capital")),
+              (1.0, OracleApplied("reset", 1, "Paris", 2, 12, True, 0)),
+              (1.1, OracleApplied("reset", 9, "stale", 1, 13, False, 0)),  # dropped: not counted
+              (2.1, AssistantText(26, " ")), (2.5, AssistantText(31, " Paris")),
+              (3.0, OracleApplied("reset", 2, "Paris is", 3, 37, True, 0)), (3.2, AssistantText(40, " is"))]
+    figures = latency_figures(events, speech_end_s=2.0)
+    assert figures == {"speech_end_to_first_speech_s": 0.5, "first_partial_to_first_oracle_s": 0.5,
+                       "words_heard_for_used_oracle": 4, "resets_mid_answer": 1,
+                       "said_around_resets": ["Paris | is"]}
 
 
 def test_strict_rating_parser():

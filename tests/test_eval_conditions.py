@@ -164,16 +164,16 @@ def attempt(phase, epoch, **kw):
 # "What is the capital ... of Spain?" with a 1 s pause: the silence rule closes the turn in the pause
 PAUSED = [
     (0.9, partial("What is the", 0.8)),
-    (0.9, attempt("started", 1, user_text="user: What is the")),
+    (0.9, attempt("started", 1, user_text="What is the")),
     (1.0, attempt("first_token", 1)),
     (1.0, OracleApplied("reset", 1, "Let me think.", 4, 12, True, 0)),
     (1.1, AssistantText(13, " Let")),
     (2.2, final("What is the capital", 2.1)),
-    (2.2, attempt("started", 2, trigger="final", user_text="user: What is the capital")),
+    (2.2, attempt("started", 2, trigger="final", user_text="What is the capital")),
     (2.3, attempt("first_token", 2)),
     (2.6, attempt("done", 2, answer="The capital of what?")),
     (3.3, partial("of Spain", 3.2, 2.4)),
-    (3.3, attempt("started", 3, user_text="user: of Spain")),
+    (3.3, attempt("started", 3, user_text="of Spain")),
     (3.4, attempt("first_token", 3)),
     (3.5, attempt("done", 3, answer="Madrid is the capital of Spain.")),
     (3.9, final("of Spain", 3.8, 2.4)),
@@ -228,9 +228,9 @@ def test_self_answers_are_lines_holding_what_the_assistant_said():
     echoed = [*PAUSED,
               (4.5, AssistantText(50, " Madrid is the capital of Spain.")),
               (6.0, partial("Madrid is the capital of Spain", 5.9, 4.6)),
-              (6.0, attempt("started", 4, user_text="user: Madrid is the capital of Spain")),
+              (6.0, attempt("started", 4, user_text="Madrid is the capital of Spain")),
               (6.5, partial("capital of Spain again", 6.4, 6.1)),
-              (6.5, attempt("started", 5, user_text="user: capital of Spain again"))]
+              (6.5, attempt("started", 5, user_text="capital of Spain again"))]
     # attempt 4 holds "madrid is the" (said by the assistant, not the question's); attempt 5 only the question's words
     assert self_answers(attempts(echoed), Q) == 1
     assert self_answers(attempts(PAUSED), Q) == 0

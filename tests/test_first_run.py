@@ -33,8 +33,9 @@ def wait_healthy(port: int, process: subprocess.Popen, limit_s: float = 300) -> 
     pytest.fail("kame serve did not become healthy")
 
 
+@pytest.mark.realtime  # the conversation runs at real-time pace
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the offline first run is the no-GPU path")
-def test_kame_serve_with_no_flags_works_offline(tmp_path, alone):
+def test_kame_serve_with_no_flags_works_offline(tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "KAME_LLM", "KAME_FRONTEND")}
     env |= {"KAME_PORT": str(port), "HF_HUB_OFFLINE": "1"}
@@ -45,11 +46,10 @@ def test_kame_serve_with_no_flags_works_offline(tmp_path, alone):
     try:
         health = wait_healthy(port, server)
         assert (health["frontend"], health["asr"], health["llm"]) == ("tiny-copy", "whisper", "embedded")
-        with alone():  # the conversation runs at real-time pace, the loading before it need not
-            client = subprocess.run(
-                [kame, "client", "--url", f"ws://127.0.0.1:{port}/api/chat", "--input",
-                 str(ROOT / "tests" / "fixtures" / "question.wav"), "--output", str(tmp_path / "answer.wav"),
-                 "--tail", "8", "--json"], capture_output=True, text=True, timeout=180, env=env)
+        client = subprocess.run(
+            [kame, "client", "--url", f"ws://127.0.0.1:{port}/api/chat", "--input",
+             str(ROOT / "tests" / "fixtures" / "question.wav"), "--output", str(tmp_path / "answer.wav"),
+             "--tail", "8", "--json"], capture_output=True, text=True, timeout=180, env=env)
         assert client.returncode == 0, client.stderr
         lines = [json.loads(line) for line in client.stdout.splitlines()]
         events = [line["event"] for line in lines if line["type"] == "event"]

@@ -15,7 +15,7 @@ from openai.types.live import ServerEvent
 from pydantic import TypeAdapter
 
 from client.client import send_paced
-from kame.codec import pcm16_encode
+from kame.pcm import pcm16_encode
 
 from .conftest import words
 from .test_realtime import Events, question_audio

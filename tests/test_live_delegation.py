@@ -11,6 +11,7 @@ from kame.asr.events import PartialTranscript
 from kame.backend.planner import Planner, PlannerConfig
 from kame.clock import ManualClock, settle
 from kame.frontend.oracle import OracleOp
+from kame.session import TandemSession
 from kame.session_events import LLMAttempt
 from server.live.adapter import LiveCarrier
 from server.live.config import LiveFacts
@@ -89,6 +90,14 @@ def test_commentary_for_no_delegation_goes_to_the_newest_or_starts_one(tiny_copy
 
             def configure(self, backend=None, system_prompt=None):
                 pass
+
+            def use_llm(self, llm):
+                self.planner.set_llm(llm)
+
+            def request_attempt(self):
+                self.planner.request_attempt()
+
+            apply = TandemSession.apply  # the session's own dispatch, onto these methods
 
         carrier = LiveCarrier(mapping, Tandem(), clock, lambda event, droppable: sent.append(event))
         from openai.types.live import SessionConfig

@@ -12,7 +12,8 @@ import pytest
 from openai.types.live import ServerEvent
 from pydantic import TypeAdapter
 
-from kame.codec import pcm16_encode
+from kame.commands import AddContext, Configure, PushAudio
+from kame.pcm import pcm16_encode
 from kame.session_events import AssistantAudio, AssistantText, LLMAttempt, SessionFailed, Transcript
 from server.live import actions as act
 from server.live.client_events import LiveError
@@ -86,8 +87,7 @@ def test_nothing_but_an_error_before_session_start_then_the_resolved_session():
     assert session["id"] == "s1" and session["status"] == "active" and session["model"] == "gpt-live-1"
     assert session["delegation"]["type"] == "responses" and session["delegation"]["responses"]["model"] == "other"
     assert session["audio"]["format"] == {"type": "audio/pcm", "rate": 24000}
-    (configure,) = rig.of(act.SessionCall)
-    assert configure.method == "configure" and configure.args == ("other", "Cite.\n\nSpeak warmly.")
+    assert rig.of(Configure) == [Configure("other", "Cite.\n\nSpeak warmly.")]
     assert rig.of(act.Delegate) == []
     assert rig.error(type="session.start", session={"model": "m"}).code == "session_already_started"
 
@@ -97,10 +97,10 @@ def test_a_responses_model_no_profile_serves_gets_the_default_profile_and_an_inf
     rig.start(delegation={"type": "responses", "responses": {"model": "gpt-5.5"}})
     (info,) = rig.rest
     assert info["type"] == "info" and info["code"] == "delegation_model_substituted" and "gpt-5.5" in info["message"]
-    assert rig.of(act.SessionCall)[0].args[0] == "scripted"
+    assert rig.of(Configure)[0].backend == "scripted"
     rig2 = Rig()
     rig2.start(delegation={"type": "responses", "responses": {"model": "gpt-4.1"}})  # a profile's model
-    assert rig2.rest == [] and rig2.of(act.SessionCall)[0].args[0] == "other"
+    assert rig2.rest == [] and rig2.of(Configure)[0].backend == "other"
 
 
 @pytest.mark.parametrize(("event", "code", "param"), [
@@ -136,7 +136,7 @@ def test_audio_formats_odd_bytes_and_bad_base64_and_mute():
     rig.send(type="session.input_audio.append", audio=good)
     rig.send(type="session.input_audio.unmute")
     rig.send(type="session.input_audio.append", audio=good)
-    pushed = [c.args[0] for c in rig.of(act.SessionCall) if c.method == "push_pcm"]
+    pushed = [c.pcm for c in rig.of(PushAudio)]
     assert len(pushed) == 3 and np.abs(pushed[0]).max() > 0.09
     assert not pushed[1].any()  # muted: the front-end hears silence of the same length
     assert len(pushed[1]) == 1920 and np.abs(pushed[2]).max() > 0.09
@@ -147,8 +147,8 @@ def test_g711_at_8_khz_in_and_out():
     rig = Rig()
     rig.start(audio={"format": {"type": "audio/pcmu", "rate": 8000}})
     rig.send(type="session.input_audio.append", audio=base64.b64encode(b"\xff" * 640).decode())  # 80 ms
-    (push,) = [c for c in rig.of(act.SessionCall) if c.method == "push_pcm"]
-    assert len(push.args[0]) == 1920
+    (push,) = rig.of(PushAudio)
+    assert len(push.pcm) == 1920
     rig.mapping.on_session(AssistantAudio(0, NOISE, True, 0.01), rig.now)
     (delta,) = rig.events()
     assert len(base64.b64decode(delta["delta"])) == 640  # 80 ms of 8 kHz mu-law
@@ -159,7 +159,7 @@ def test_16_khz_pcm_is_resampled_both_ways():
     rig.start(audio={"format": {"type": "audio/pcm", "rate": 16000}})
     for _ in range(5):
         rig.send(type="session.input_audio.append", audio=base64.b64encode(pcm16_encode(NOISE[:1280])).decode())
-    got = sum(len(c.args[0]) for c in rig.of(act.SessionCall) if c.method == "push_pcm")
+    got = sum(len(c.pcm) for c in rig.of(PushAudio))
     assert 1920 * 5 - 1000 <= got <= 1920 * 5  # 400 ms at 24 kHz, less the resampler's delay (~35 ms)
     for frame in range(5):
         rig.mapping.on_session(AssistantAudio(frame, NOISE, True, 0.01), rig.now)
@@ -193,6 +193,41 @@ def test_the_users_words_go_out_once_stable_with_their_times():
     assert all(a <= b for a, b in zip(ends, starts[1:], strict=False))  # no two deltas overlap
 
 
+def test_a_pause_in_an_open_user_turn_gets_a_space_at_least_every_third_of_a_second():
+    """Pipecat and LiveKit end a user turn after 0.8 s without a delta: while words of an utterance are out
+    and its final has not come, the mapping's own clock sends a space (a slow decode delays the words, not
+    the spaces); none after the final, and none once words stopped coming for 5 s (an ASR that never
+    ends the utterance holds no turn open for ever)."""
+    rig = Rig()
+    rig.start()
+
+    def deltas(seconds: float) -> list[tuple[float, str]]:
+        """The deltas of the next `seconds`, the mapping woken when it asks (as the carrier's timer does)."""
+        out, until = [], rig.now + seconds
+        while (wake := rig.mapping.wake_at()) <= until:
+            rig.time(max(wake - rig.now, 0.0))
+            out += [(round(rig.now - START, 2), e["delta"]) for e in rig.events()
+                    if e["type"] == "session.input_transcript.delta"]
+        rig.time(until - rig.now)
+        return out
+
+    rig.time(1.0)
+    for _ in range(2):
+        rig.mapping.on_session(Transcript(False, "so what is", 0.5, 1.0, 0.1), rig.now)
+    assert [e["delta"] for e in rig.events()] == ["so what"]
+    pause = deltas(1.0)  # no transcript for a second: a decode stalled, or the user paused
+    assert [d for _, d in pause] == [" "] * 3 and max(b - a for a, b in zip(
+        [1.0] + [t for t, _ in pause], [t for t, _ in pause] + [2.0], strict=False)) <= 0.35
+    rig.mapping.on_session(Transcript(True, "so what is the capital", 0.5, 2.4, 0.1), rig.now)
+    assert [e["delta"] for e in rig.events()] == ["is the capital"]  # a space went ahead: no second one
+    assert deltas(1.0) == []  # the turn ended
+    rig.mapping.on_session(Transcript(False, "and spain", 3.5, 4.0, 0.1), rig.now)
+    rig.mapping.on_session(Transcript(False, "and spain", 3.5, 4.0, 0.1), rig.now)
+    assert [e["delta"] for e in rig.events()] == [" and"]
+    spaces = deltas(7.0)
+    assert 15 <= len(spaces) <= 17 and spaces[-1][0] - spaces[0][0] <= 5.0  # then the client may end the turn
+
+
 def test_a_backchannel_sends_no_user_words():
     """"Mm-hmm." while the assistant speaks: no input transcript a client would make a user turn of;
     the user's next real words go out whole."""
@@ -213,8 +248,8 @@ def test_responses_delegation_each_attempt_a_delegation_with_its_progress():
     rig.start(delegation={"type": "responses", "responses": {"model": "scripted"}})
     rig.send(type="session.input_audio.append", audio=base64.b64encode(pcm16_encode(NOISE)).decode())
     rig.events()
-    rig.mapping.on_session(attempt("started", 1, user_text="user: what is"), rig.now)
-    rig.mapping.on_session(attempt("started", 2, user_text="user: what is the capital"), rig.now)
+    rig.mapping.on_session(attempt("started", 1, user_text="what is"), rig.now)
+    rig.mapping.on_session(attempt("started", 2, user_text="what is the capital"), rig.now)
     rig.mapping.on_session(attempt("first_token", 2, latency_s=0.3), rig.now)
     rig.mapping.on_session(attempt("cancelled", 1), rig.now)
     rig.mapping.on_session(attempt("done", 2, answer="Paris."), rig.now)
@@ -244,7 +279,7 @@ def test_responses_delegation_refuses_a_delegation_id_and_takes_context_for_the_
              event_id="t1")
     (ack,) = rig.events()
     assert ack["type"] == "session.thinking.appended" and ack["client_event_id"] == "t1"
-    assert rig.of(act.PlannerCall)[-1] == act.PlannerCall("add_context", ("context", "The user is a premium customer."))
+    assert rig.of(AddContext)[-1] == AddContext("context", "The user is a premium customer.")
     err = rig.error(type="session.thinking.append", delegation_id=None, content="word " * (MAX_CONTENT_TOKENS + 1))
     assert err.code == "string_above_max_length"
     err = rig.error(type="session.thinking.append", content="no delegation_id key")
@@ -274,13 +309,12 @@ def test_instructions_append_extends_the_prompt_and_update_changes_delegation_se
     rig.calls.clear()
     rig.send(type="session.instructions.append", delegation_id=None, content="Answer in French.")
     assert rig.types() == ["session.instructions.appended"]
-    (configure,) = rig.of(act.SessionCall)
-    assert configure.args == (None, "Be exact.\n\nAnswer in French.")
+    assert rig.of(Configure) == [Configure(None, "Be exact.\n\nAnswer in French.")]
     rig.send(type="session.update", session={"delegation": {"type": "responses", "acknowledgement_delay_ms": 300,
                                                             "responses": {"model": "other"}}})
     (updated,) = rig.events()
     assert updated["session"]["delegation"]["acknowledgement_delay_ms"] == 300
-    assert rig.of(act.SessionCall)[-1].args == ("other", "Be exact.\n\nAnswer in French.")
+    assert rig.of(Configure)[-1] == Configure("other", "Be exact.\n\nAnswer in French.")
     err = rig.error(type="session.update", session={"delegation": {"type": "client"}})
     assert (err.code, err.param) == ("invalid_value", "session.delegation.type")
     err = rig.error(type="session.update", session={"instructions": "new"})
@@ -304,10 +338,10 @@ def test_silence_is_fed_when_the_client_falls_behind_and_usage_is_reported_on_th
     rig.time(0.3)
     for _ in range(10):
         rig.time(0.08)
-    fed = [c for c in rig.of(act.SessionCall) if c.method == "push_pcm"]
-    assert len(fed) == 11 and not any(c.args[0].any() for c in fed)
+    fed = rig.of(PushAudio)
+    assert len(fed) == 11 and not any(c.pcm.any() for c in fed)
     rig.time(14.0 - 1.1 + 1.0)  # a stall: at most 3 frames at once, the rest skipped
-    assert len([c for c in rig.of(act.SessionCall) if c.method == "push_pcm"]) == 14
+    assert len(rig.of(PushAudio)) == 14
     (usage,) = [e for e in rig.events() if e["type"] == "session.usage.updated"]
     assert usage["usage"] == {"seconds": 15.0}
 
@@ -338,7 +372,7 @@ def test_kame_events_only_when_asked():
     plain, opted = Rig(), Rig(events=True)
     for rig in (plain, opted):
         rig.start(delegation={"type": "responses", "responses": {"model": "scripted"}})
-        rig.mapping.on_session(attempt("started", 1, user_text="user: hi"), rig.now)
+        rig.mapping.on_session(attempt("started", 1, user_text="hi"), rig.now)
     assert not [t for t in plain.types() if t.startswith("kame.")]
     assert "kame.llm" in opted.types()
 
@@ -392,4 +426,5 @@ def test_a_pause_without_a_final_sends_the_words_once_and_closes_nothing():
     rig.mapping.on_session(Transcript(False, "how many legs does a spider have", 0.5, 4.0, 0.1), rig.now)
     rig.mapping.on_session(Transcript(True, "How many legs does a spider have?", 0.5, 4.4, 0.1), rig.now)
     deltas = [e["delta"] for e in paused + rig.events() if e["type"] == "session.input_transcript.delta"]
-    assert "".join(deltas).lower() == "how many legs does a spider have?"
+    assert " ".join("".join(deltas).split()).lower() == "how many legs does a spider have?"
+    assert deltas.count(" ") >= 5  # through the pause, spaces kept the client's user turn open

@@ -13,7 +13,7 @@ import openai
 import pytest
 import soundfile
 
-from kame.codec import pcm16_encode
+from kame.pcm import pcm16_encode
 
 from .server_harness import running_server
 from .test_live import LIVE_EVENT, sdk

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.live.stable_text import StableWords
+from server.live.stable_text import Keepalive, StableWords
 
 
 def test_a_word_goes_out_once_two_partials_agree_and_it_is_not_among_the_newest():
@@ -68,3 +68,39 @@ def test_every_word_goes_out_exactly_once_and_in_order():
 def test_hold_must_not_be_negative():
     with pytest.raises(ValueError):
         StableWords(hold=-1)
+
+
+def test_a_settled_partial_sends_every_word_and_the_utterance_goes_on():
+    words = StableWords(hold=2)
+    assert words.partial("what is") == ""
+    assert words.partial("what is the", settled=True) == "what is the"  # the speech paused
+    assert words.open  # the client's user turn is open until the final
+    assert words.partial("what is the capital") == ""  # the utterance goes on: held again
+    assert words.partial("what is the capital of france") == " capital"
+    assert words.final("what is the capital of france") == " of france" and not words.open
+
+
+def test_a_space_sent_ahead_is_the_next_words_separator():
+    words = StableWords(hold=0)
+    deltas = [words.partial("so what"), words.partial("so what"), words.space(), words.space()]
+    deltas += [words.partial("so what is"), words.partial("so what is"), words.final("so what is the capital")]
+    assert deltas == ["", "so what", " ", " ", "", "is", " the capital"]
+    assert "".join(deltas).split() == ["so", "what", "is", "the", "capital"]
+
+
+def test_the_keepalive_is_due_while_the_turn_is_open_and_words_came_lately():
+    keep = Keepalive(every_s=0.25, for_s=1.0)
+    assert keep.due() == () and not keep.fire(10.0, True)
+    keep.sent(10.0, words=True, open_turn=True)
+    assert keep.due() == (10.25,) and not keep.fire(10.2, True)
+    spaces = []
+    for now in (10.25, 10.5, 10.75, 11.0, 11.25):  # the space goes out each time, and sent() schedules the next
+        if keep.fire(now, True):
+            spaces.append(now)
+            keep.sent(now, words=False, open_turn=True)
+    assert spaces == [10.25, 10.5, 10.75, 11.0]  # a second without words: the turn is the client's to end
+    assert keep.due() == ()
+    keep.sent(12.0, words=True, open_turn=True)
+    assert keep.fire(12.25, False) is False  # the final came meanwhile: no space
+    keep.sent(13.0, words=True, open_turn=False)  # a final with words
+    assert keep.due() == ()

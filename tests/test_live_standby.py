@@ -16,8 +16,8 @@ from openai.types.live.connect_server_event import ConnectServerEvent
 from pydantic import TypeAdapter
 
 from kame.asr.vad import silero_session
+from kame.commands import PushAudio
 from kame.session_events import AssistantText, Transcript
-from server.live import actions as act
 from server.live.client_events import LiveError
 from server.live.standby import PREROLL_S, SpeechDetector
 from server.live.webrtc import parse_offer
@@ -41,9 +41,9 @@ def webrtc_rig(idle_timeout_s: int = 5, threshold: float | None = None) -> WebRT
 
 
 def pushed(rig: Rig) -> int:
-    calls = [c for c in rig.of(act.SessionCall) if c.method == "push_pcm"]
+    calls = rig.of(PushAudio)
     rig.calls.clear()
-    return sum(len(c.args[0]) for c in calls)
+    return sum(len(c.pcm) for c in calls)
 
 
 def talk(rig: Rig, frames: int) -> None:

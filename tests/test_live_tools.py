@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from kame.commands import AddContext, RequestAttempt
 from kame.session_events import LLMAttempt, ToolRound
 from server.live import actions as act
 
@@ -120,7 +121,7 @@ def test_a_call_nobody_answers_times_out_with_an_error_and_the_attempt_goes_on()
     assert [e["type"] for e in inner(events)] == ["response.created"]
     rig.send(**output("call_1", "too late"))  # taken quietly: no error
     rig.send(type="response.create")  # nothing waits, but an output just came: not a new response either
-    assert rig.events() == [] and rig.of(act.PlannerCall) == []
+    assert rig.events() == [] and rig.of(AddContext) == rig.of(RequestAttempt) == []
 
 
 def test_a_superseded_attempts_calls_end_quietly():
@@ -140,8 +141,8 @@ def test_response_create_with_nothing_waiting_asks_the_backend_for_a_response():
     rig.send(type="response.item.create", item={"type": "message", "role": "user",
                                                 "content": [{"type": "input_text", "text": "And tomorrow?"}]})
     rig.send(type="response.create")
-    assert [(c.method, c.args) for c in rig.of(act.PlannerCall)] == [
-        ("add_context", ("user", "And tomorrow?")), ("request_attempt", ())]
+    assert rig.of(AddContext | RequestAttempt) == [
+        AddContext("user", "And tomorrow?"), RequestAttempt()]
 
 
 def test_response_events_need_responses_delegation():

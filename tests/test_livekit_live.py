@@ -18,7 +18,7 @@ from livekit import rtc
 from livekit.agents import Agent, AgentSession, function_tool
 from livekit.plugins.openai.realtime import GPTLiveModel
 
-from kame.codec import pcm16_encode
+from kame.pcm import pcm16_encode
 
 from .conftest import words
 from .server_harness import wait_until_all_slots_free

@@ -28,7 +28,7 @@ from pipecat.pipeline.worker import PipelineWorker
 from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 from pipecat.workers.runner import WorkerRunner
 
-from kame.codec import pcm16_encode
+from kame.pcm import pcm16_encode
 
 from .conftest import words
 from .server_harness import wait_until_all_slots_free

@@ -21,7 +21,7 @@ from pipecat.frames.frames import (
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.workers.runner import WorkerRunner
 
-from kame.codec import pcm16_encode
+from kame.pcm import pcm16_encode
 from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
 
 from .conftest import words
@@ -85,8 +85,6 @@ async def converse(url: str, delegation, question: np.ndarray, answer: str, aske
             await asyncio.wait_for(started.wait(), 15)
             speaking = asyncio.ensure_future(example.send_audio(worker, pcm16_encode(question)))
             await heard.wait(lambda: " ".join(words(answer)) in heard.said_words(), 30, "the spoken answer")
-            # KAME's input transcript comes in bursts about 1 s apart, and pipecat ends a user turn after
-            # 0.8 s without one: the question can arrive as two or three TranscriptionFrames
             first = words(asked)
             await heard.wait(lambda: words(" ".join(heard.user))[:len(first)] == first, 10, "the user's transcript")
             await heard.wait(lambda: any(set(words(answer)) & set(words(t)) for t in heard.turns), 10,
@@ -206,3 +204,24 @@ def test_pipecat_live_runs_the_applications_function_and_the_answer_uses_it(tand
     assert any(t["function"]["name"] == "get_weather" for r in requests for t in r.get("tools") or ())
     assert any(m["role"] == "tool" and "sunny" in m["content"] for r in requests for m in r["messages"])
     assert delegations and all(d.target == "responses" for d in delegations)
+
+
+def test_a_question_with_a_pause_stays_one_user_turn(tandem_server, scripted_llm, tmp_path_factory):
+    """Pipecat ends a user turn after 0.8 s without an input transcript delta: through a 1 s pause in
+    mid-question the words said so far come out settled and a space keeps the turn open (stable_text.py),
+    so the question is one TranscriptionFrame."""
+    from kame.testing.speech import speech
+
+    url, services = tandem_server
+    cache = tmp_path_factory.mktemp("tts")
+    question = np.concatenate([np.zeros(12000, np.float32), speech("So what is the", cache),
+                               np.zeros(24000, np.float32), speech("capital of France, and why is it famous?", cache),
+                               np.zeros(24000 * 6, np.float32)])
+    try:
+        heard, context, _, _ = asyncio.run(converse(url, load_example().responses_delegation("scripted"), question,
+                                                    "Paris is the capital of France", "So what is"))
+    finally:
+        wait_until_all_slots_free(services, limit_s=30.0)
+    print(f"\nuser turns: {heard.user}")
+    assert not heard.errors
+    assert len(heard.user) == 1 and words(heard.user[0])[-3:] == ["is", "it", "famous"]

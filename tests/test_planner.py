@@ -167,6 +167,24 @@ def test_restarts_are_rate_limited_then_deferred(tok):
     run(scenario())
 
 
+def test_an_attempt_names_the_users_words_as_data(tok):
+    """`user_text` is the words the attempt answers, never a conversation line with its role: a partial's,
+    a final's (though the final closed the turn before the attempt started), and for an attempt the client
+    asks for after the turn closed, that last user turn's."""
+    async def scenario():
+        rig = Rig(tok, [FakeReply(delay_s=10.0)] * 4)
+        rig.partial("what is the capital")
+        rig.final("what is the capital of France", at=2.0)
+        rig.planner.add_context("context", "the user: likes maps")
+        rig.planner.request_attempt()
+        assert [(e.trigger, e.user_text) for e in rig.of("started")] == [
+            ("partial", "what is the capital"), ("final", "what is the capital of France"),
+            ("client", "what is the capital of France")]
+        await rig.planner.aclose()
+
+    run(scenario())
+
+
 def test_answer_becomes_whole_word_oracle_updates(tok):
     async def scenario():
         rig = Rig(tok, [FakeReply(deltas=("The cap", "ital of", " Fr", "ance is Par", "is."))])

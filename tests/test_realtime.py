@@ -17,8 +17,8 @@ from pydantic import TypeAdapter
 from websockets.exceptions import InvalidStatus
 
 from client.client import send_paced
-from kame.codec import pcm16_decode, pcm16_encode
-from kame.telephony import Downsampler, ulaw_decode, ulaw_encode
+from kame.audio import SAMPLE_RATE
+from kame.pcm import TELEPHONE_RATE, Resampler, pcm16_decode, pcm16_encode, ulaw_decode, ulaw_encode
 
 from .conftest import words
 from .server_harness import running_server, wait_until_all_slots_free
@@ -161,7 +161,7 @@ def test_the_openai_sdk_talks_to_kame(tandem_server, scripted_llm, voices):
 
 def test_telephone_audio_both_ways(tandem_server, voices):
     url, services = tandem_server
-    downsample = Downsampler()
+    downsample = Resampler(SAMPLE_RATE, TELEPHONE_RATE)
 
     def pcmu(chunk: np.ndarray) -> bytes:
         return ulaw_encode(downsample(chunk))

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 from kame.clock import ManualClock, settle
+from kame.commands import Configure, PushAudio, SetOracleDelay, TruncateAssistant
+from kame.session import TandemSession
 from kame.session_events import AssistantAudio, AssistantText, SessionFailed, Transcript
 from server.realtime import RealtimeError, RealtimeMapping, RealtimeSession
 from server.realtime import actions as act
@@ -82,7 +84,7 @@ class Rig(ActionLog):
 
 
 def pushed(rig: Rig) -> list[np.ndarray]:
-    return [call.args[0] for call in rig.session_calls(act.SessionCall) if call.method == "push_pcm"]
+    return [call.pcm for call in rig.session_calls(PushAudio)]
 
 
 def silence(rig: Rig) -> list[np.ndarray]:
@@ -90,7 +92,7 @@ def silence(rig: Rig) -> list[np.ndarray]:
 
 
 def truncations(rig: Rig) -> list[tuple]:
-    return [call.args for call in rig.session_calls(act.SessionCall) if call.method == "truncate_assistant"]
+    return [(call.said, call.heard) for call in rig.session_calls(TruncateAssistant)]
 
 
 def types(events: list[dict]) -> list[str]:
@@ -366,8 +368,8 @@ def test_session_update_applies_the_fields_it_names_and_asks_the_session_for_the
     assert session["kame"]["backend"] == "other" and session["kame"]["events"] is True
     assert session["tools"][0]["name"] == "lookup"
     calls = rig.calls
-    assert calls[0] == act.SessionCall("configure", ("other", "Talk like a pirate."))
-    assert calls[1] == act.SessionCall("set_oracle_delay", (1.5,))
+    assert calls[0] == Configure("other", "Talk like a pirate.")
+    assert calls[1] == SetOracleDelay(1.5)
     assert [spec.name for spec in calls[2].specs] == ["lookup"]
     # beta fields, and null turn detection
     rig.send({"type": "session.update", "session": {"input_audio_format": "g711_alaw", "turn_detection": None}})
@@ -527,14 +529,15 @@ def test_extension_events_only_when_asked_for():
 class FakeTandem:
     """What the adapter calls on the session."""
 
-    backend = "scripted"
-    planner = SimpleNamespace(system_prompt="Be brief.", tools_on=True)
+    backend, system_prompt, tools_on = "scripted", "Be brief.", True
 
     def __init__(self) -> None:
         self.pushed: list[int] = []
 
     def push_pcm(self, pcm) -> None:
         self.pushed.append(len(pcm))
+
+    apply = TandemSession.apply  # the session's own dispatch, onto these methods
 
     async def flush(self) -> None:
         pass

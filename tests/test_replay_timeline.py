@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import server.recorder
+from client.timeline import timeline_entries
 from kame.cli import main
-from kame.eval.timeline import timeline_entries
 from kame.session_events import AssistantText, LLMAttempt, OracleApplied, Transcript
 from server.recorder import SessionRecorder
 

@@ -146,7 +146,7 @@ def test_asr_and_history_settings_reach_the_engines(monkeypatch):
     assert runtime.planner.max_history_turns == 3
     asr = build_asr("whisper", options=runtime.asr_options["whisper"])
     try:
-        assert asr.options.min_silence_s == 1.2 and asr.options.decode_interval_s == 0.5
+        assert asr.options.min_silence_s == 1.2 and asr.options.decode_interval_s == 0.3
     finally:
         asr.close()
     with pytest.raises(SettingsError, match="whisper.vad_threshold"):

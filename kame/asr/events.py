@@ -20,6 +20,9 @@ class PartialTranscript:
     text: str
     start_s: float  # audio time the utterance started
     end_s: float  # audio time up to which audio was heard for this hypothesis
+    # the speech paused (the VAD heard it end): these words are settled, later hypotheses of the utterance
+    # start with them, though the turn may go on; repeated through the pause while the turn stays open
+    settled: bool = False
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ import math
 
 import numpy as np
 
-from kame.asr.resample import Resampler24to16
+from kame.audio import SAMPLE_RATE
+from kame.pcm import Resampler
 
 RATE = 16000
 VAD_CHUNK = 512  # Silero's window at 16 kHz (32 ms)
@@ -50,7 +51,7 @@ class SilenceEndOfTurn:
     def __init__(self, session, silence_frames: int, threshold: float = 0.5, judge=None) -> None:
         self.silence_frames, self.threshold, self.judge = silence_frames, threshold, judge
         self._vad = StreamingVad(session)
-        self._resample = Resampler24to16()
+        self._resample = Resampler(SAMPLE_RATE, 16000)
         self._pending = np.zeros(0, dtype=np.float32)
         self._heard_speech = False
         self._quiet = 0  # frames since the last one with speech

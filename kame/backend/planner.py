@@ -35,7 +35,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from kame.asr.events import FinalTranscript, PartialTranscript, TranscriptEvent
 from kame.backend.backchannel import is_backchannel
@@ -99,7 +99,7 @@ class AttemptRecord:
     epoch: int
     backend: str
     trigger: Literal["partial", "final", "deferred", "client"]
-    user_text: str
+    user_text: str  # the user's words it answers (the open utterance, else the last user turn), without a role
     requested_at: float
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -177,6 +177,13 @@ def _normal(word: str) -> str:
     return "".join(c for c in word.lower() if c.isalnum())
 
 
+class _Ask(NamedTuple):
+    """What an attempt sends the LLM, and the user's words it answers (its `user_text`)."""
+
+    messages: list[ChatMessage]
+    user_words: str
+
+
 @dataclass
 class _Turns:
     """The conversation: closed turns plus the user's pending words and the assistant's speech."""
@@ -191,6 +198,12 @@ class _Turns:
             if self.assistant_said.strip():
                 self.turns.append(("assistant", self.assistant_said.strip()))
             self.assistant_said, self.user_closed = "", False
+
+    def user_words(self) -> str:
+        """The user's words an attempt started now answers: the open utterance's, else the last user turn's."""
+        if self.pending_user and not self.user_closed:
+            return self.pending_user
+        return next((text for role, text in reversed(self.turns) if role == "user"), "")
 
     def lines(self, limit: int) -> list[str]:
         turns = list(self.turns)[-limit:]
@@ -238,7 +251,7 @@ class Planner:
         self._utterance_start: float | None = None  # the ASR utterance seen last (its start, audio time) ...
         self._began_over_assistant = False  # ... and whether the assistant was talking at its first transcript
         self._deferred: asyncio.Task | None = None
-        self._deferred_messages: list[ChatMessage] | None = None
+        self._deferred_ask: _Ask | None = None
         self._tasks: set[asyncio.Task] = set()
         self.attempts: deque[AttemptRecord] = deque(maxlen=64)  # the recent ones, oldest first (benchmarks, tests)
 
@@ -270,12 +283,12 @@ class Planner:
         elif isinstance(event, FinalTranscript):
             self._conv.begin_user()
             self._conv.pending_user = event.text
-            messages = self._messages()
+            ask = self._ask()
             self._conv.turns.append(("user", event.text))
             self._conv.pending_user, self._conv.user_closed = "", True
             self._words_at_start = 0
             if self.config.restart_on_final:
-                self._request_start("final", messages)
+                self._request_start("final", ask)
 
     def on_assistant_text(self, text: str) -> None:
         """What the front-end actually said (its text stream), to keep the conversation true."""
@@ -342,16 +355,18 @@ class Planner:
 
     # ------------------------------------------------------------------ policy
 
-    def _messages(self) -> list[ChatMessage]:
+    def _ask(self) -> _Ask:
+        """The attempt's request on the conversation as it is now, and the user's words it answers."""
         transcript = "\n".join(self._conv.lines(self.config.max_history_turns))
-        return [ChatMessage("system", self.system_prompt), ChatMessage("user", transcript)]
+        return _Ask([ChatMessage("system", self.system_prompt), ChatMessage("user", transcript)],
+                    self._conv.user_words())
 
     @property
     def tools_on(self) -> bool:
         """Tools are offered: some are configured and the LLM calls tools (the embedded one does not)."""
         return bool(self.tools) and getattr(self.llm, "supports_tools", False)
 
-    def _request_start(self, trigger: str, messages: list[ChatMessage] | None = None) -> None:
+    def _request_start(self, trigger: str, ask: _Ask | None = None) -> None:
         now = self.clock.now()
         window = self.config.restart_window_s
         while self._starts and self._starts[0] <= now - window:
@@ -360,36 +375,35 @@ class Planner:
         if len(self._starts) >= self.config.max_restarts:
             allowed_at = max(allowed_at, self._starts[0] + window)
         if allowed_at > now:
-            self._defer(allowed_at, messages)
+            self._defer(allowed_at, ask)
             return
-        self._start(trigger, messages or self._messages())
+        self._start(trigger, ask or self._ask())
 
-    def _defer(self, allowed_at: float, messages: list[ChatMessage] | None) -> None:
+    def _defer(self, allowed_at: float, ask: _Ask | None) -> None:
         """Start once allowed, with the transcript as it will be then (one deferred start at most)."""
         if self._deferred is not None and not self._deferred.done():
-            if messages is not None:
-                self._deferred_messages = messages
+            if ask is not None:
+                self._deferred_ask = ask
             return
-        self._deferred_messages = messages
+        self._deferred_ask = ask
 
         async def later() -> None:
             await self.clock.sleep(allowed_at - self.clock.now())
             self._deferred = None
-            self._request_start("deferred", self._deferred_messages)
+            self._request_start("deferred", self._deferred_ask)
 
         self._deferred = self._spawn(later(), f"planner-deferred-{self.epoch}")
 
-    def _start(self, trigger: str, messages: list[ChatMessage]) -> None:
+    def _start(self, trigger: str, ask: _Ask) -> None:
         self._starts.append(self.clock.now())
         self.epoch += 1
         self._words_at_start = len(self._conv.pending_user.split())
         self._make_room()
-        record = AttemptRecord(self.epoch, self.llm.name, trigger, messages[-1].content.split("\n")[-1],
-                               self.clock.now())
+        record = AttemptRecord(self.epoch, self.llm.name, trigger, ask.user_words, self.clock.now())
         self.attempts.append(record)
         self._on_event(record.snapshot("started"))
         stream = self._running[self.epoch] = _Stream(record, self._turn)
-        stream.task = self._spawn(self._run(stream, messages), f"llm-attempt-{self.epoch}")
+        stream.task = self._spawn(self._run(stream, ask.messages), f"llm-attempt-{self.epoch}")
 
     def _make_room(self) -> None:
         """Cancel the oldest streams that do not own the oracle (the owner last) to stay under the cap."""
@@ -460,7 +474,7 @@ class Planner:
         if self.tools_on:
             extra.append(TOOLS_NOTE)
         if self.knowledge is not None:
-            query = stream.record.user_text.partition(": ")[2] or stream.record.user_text
+            query = stream.record.user_text
             try:
                 retrieval = await asyncio.to_thread(self.knowledge.retrieve, query, limit=self.config.knowledge_limit,
                                                     budget_tokens=self.config.knowledge_budget_tokens)

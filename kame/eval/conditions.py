@@ -18,14 +18,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from kame.audio import SAMPLE_RATE
-from kame.telephony import Downsampler, Upsampler, ulaw_decode, ulaw_encode
+from kame.pcm import TELEPHONE_RATE, Resampler, ulaw_decode, ulaw_encode
 
 BOUNDARY = "|"  # marks a phrase boundary in a question: where pauses, fillers and restarts go
 JOIN_GAP_S = 0.12  # the gap between two segments spoken separately (a short natural pause)
 FILLER_GAP_S = 0.15  # around a filler
 RESTART_GAP_S = 0.2  # between the cut-off start and the restart
 TRIM_FLOOR = 0.02  # of a segment's peak: below it, leading and trailing samples are the TTS's silence
-TELEPHONE_DELAY = 62  # samples at 24 kHz: the group delay of the telephone filters (31 down, 31 up)
+# samples at 24 kHz: the group delay of the telephone filters (47.5 down, 47.5 up)
+TELEPHONE_DELAY = round(SAMPLE_RATE * (Resampler(SAMPLE_RATE, TELEPHONE_RATE).delay_s
+                                       + Resampler(TELEPHONE_RATE, SAMPLE_RATE).delay_s))
 
 # what a person in the room says to someone else (background speech); none of the questions' topics
 BACKGROUND_SENTENCES = (
@@ -205,8 +207,8 @@ def interjecting(text: str) -> Callable[[Question, Voices, int], Rendered]:
 def telephone_band(pcm: np.ndarray) -> np.ndarray:
     """`pcm` through a phone line: 8 kHz, G.711 mu-law both ways, back to 24 kHz; time-aligned, same length."""
     padded = np.concatenate([np.asarray(pcm, np.float32), np.zeros(TELEPHONE_DELAY + 3, np.float32)])
-    narrow = Downsampler()(padded)
-    wide = Upsampler()(ulaw_decode(ulaw_encode(narrow)))
+    narrow = Resampler(SAMPLE_RATE, TELEPHONE_RATE)(padded)
+    wide = Resampler(TELEPHONE_RATE, SAMPLE_RATE)(ulaw_decode(ulaw_encode(narrow)))
     return wide[TELEPHONE_DELAY:TELEPHONE_DELAY + len(pcm)].astype(np.float32)
 
 

@@ -28,6 +28,8 @@ from kame.eval.mtbench import (
     markdown_report,
     parse_rating,
 )
+from kame.protocol import wire_event
+from kame.session_events import LLMAttempt, OracleApplied, SessionEvent, Transcript
 
 
 @dataclass(frozen=True)
@@ -41,18 +43,17 @@ class Mode:
 
 
 class SpokenConversation(Protocol):
-    """What a source gives back for one question: a `client.conversation.Conversation` (over the
-    websocket, or `kame.eval.inprocess.as_received` of a session in this process), or its like."""
+    """What a source gives back for one question: a `kame.converse.ConversationLog` (a session in this
+    process, or one over the websocket read back into the session's events), or its like."""
 
-    assistant_audio: np.ndarray
-    events: list[tuple[float, dict]]  # (seconds since the start, the wire's JSON event)
-    text: list[tuple[float, str]]  # (seconds since the start, a piece of the assistant's text)
-    input_end_s: float  # when the question's last sample went
+    events: list[tuple[float, SessionEvent]]  # (seconds since the start, the session's event)
+    speech_end_s: float  # when the question's last sample went
+
+    @property
+    def assistant_audio(self) -> np.ndarray: ...
 
     @property
     def assistant_text(self) -> str: ...
-
-    def events_of(self, kind: str) -> list[dict]: ...
 
 
 ConversationSource = Callable[[np.ndarray, Mode], Awaitable[SpokenConversation]]
@@ -141,10 +142,15 @@ async def _grade(conversation: SpokenConversation, mode: Mode, question: dict, a
         "mode": mode.name, "delay_s": mode.oracle_delay_s, **question,
         "answer_said": said, "answer_text_stream": conversation.assistant_text, "score": score,
         "judgements": judgements,
-        "latency": latency_figures(conversation.events, conversation.text, conversation.input_end_s),
-        "transcripts": conversation.events_of("transcript"), "oracle": conversation.events_of("oracle"),
-        "llm": conversation.events_of("llm"),
+        "latency": latency_figures(conversation.events, conversation.speech_end_s),
+        "transcripts": _as_json(conversation, Transcript), "oracle": _as_json(conversation, OracleApplied),
+        "llm": _as_json(conversation, LLMAttempt),
     }
+
+
+def _as_json(conversation: SpokenConversation, kind: type) -> list[dict]:
+    """The conversation's events of `kind` as results.json keeps them: their wire JSON (docs/protocol.md)."""
+    return [wire_event(e).model_dump(exclude_none=True) for _, e in conversation.events if isinstance(e, kind)]
 
 
 def _judge_llm(settings: JudgeSettings) -> OpenAICompatibleLLM:

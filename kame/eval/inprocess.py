@@ -15,8 +15,6 @@ from kame.backend.profiles import DEFAULT_PROFILES, BackendProfile
 from kame.errors import KameError
 
 if TYPE_CHECKING:
-    from client.conversation import Conversation
-    from kame.converse import InProcessConversation
     from kame.eval.harness import ConversationSource, Mode
     from kame.runtime import Runtime
     from kame.session import SessionConfig
@@ -103,30 +101,13 @@ def session_config(mode: Mode, realtime: bool = True, system_prompt: str | None 
                          oracle_delay_s=mode.oracle_delay_s or 0.0, realtime=realtime)
 
 
-def as_received(conversation: InProcessConversation) -> Conversation:
-    """The conversation as a websocket client with ?events=1 would have recorded it (`kame client`'s
-    `Conversation`), so that the harness and replay read both sources alike."""
-    from client.conversation import Conversation
-    from kame.protocol import wire_event
-    from kame.session_events import AssistantText
-
-    received = Conversation(audio=[conversation.assistant_audio], frames_sent=conversation.frames_sent,
-                            input_end_s=conversation.speech_end_s)
-    for t, event in conversation.events:
-        if isinstance(event, AssistantText):
-            received.text.append((t, event.text))
-        elif (wire := wire_event(event)) is not None:
-            received.events.append((t, wire.model_dump(exclude_none=True)))
-    return received
-
-
 def in_process_source(runtime: Runtime, tail_s: float, realtime: bool = True,
                       system_prompt: str | None = None) -> ConversationSource:
-    """Each question through a new session of `runtime`, in the wire's shape."""
+    """Each question through a new session of `runtime`: its `ConversationLog`."""
     from kame.converse import converse_in_process
 
     async def source(pcm, mode: Mode):
         config = session_config(mode, realtime, system_prompt)
-        return as_received(await converse_in_process(runtime, pcm, config, tail_s=tail_s, realtime=realtime))
+        return await converse_in_process(runtime, pcm, config, tail_s=tail_s, realtime=realtime)
 
     return source

@@ -1,13 +1,16 @@
 """MT-Bench pieces that need no server: the questions, the judge prompt and its strict parser,
-per-question latency figures from a recorded conversation, the report table and the plot."""
+per-question latency figures from a conversation's session events, the report table and the plot."""
 
 from __future__ import annotations
 
 import json
 import re
 import statistics
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
+
+from kame.session_events import AssistantText, LLMAttempt, OracleApplied, SessionEvent, Transcript
 
 DEFAULT_CATEGORIES = ("reasoning", "stem", "humanities")  # the paper's: suited to speech
 PAPER_SCORES = {"Moshi (paper)": 2.05, "KAME + gpt-4.1 (paper)": 6.43, "KAME + claude-opus-4-1 (paper)": 6.23,
@@ -54,16 +57,17 @@ def judge_messages(question: str, answer: str) -> list[tuple[str, str]]:
 # ----------------------------------------------------------------------------- latency figures
 
 
-def latency_figures(events: list[tuple[float, dict]], text: list[tuple[float, str]], speech_end_s: float) -> dict:
-    """From a conversation's timed events and text pieces (seconds since it started)."""
-    partials = [t for t, e in events if e.get("type") == "transcript"]
-    oracles = [(t, e) for t, e in events if e.get("type") == "oracle" and e.get("accepted", True)]
-    resets = [(t, e) for t, e in oracles if e["op"] == "reset"]
-    started = {e["epoch"]: e for _, e in events if e.get("type") == "llm" and e.get("phase") == "started"}
+def latency_figures(events: Sequence[tuple[float, SessionEvent]], speech_end_s: float) -> dict:
+    """From a conversation's timed session events (seconds since it started)."""
+    text = [(t, e.text) for t, e in events if isinstance(e, AssistantText)]
+    partials = [t for t, e in events if isinstance(e, Transcript)]
+    oracles = [(t, e) for t, e in events if isinstance(e, OracleApplied) and e.accepted]
+    resets = [(t, e) for t, e in oracles if e.op == "reset"]
+    started = {e.epoch: e for _, e in events if isinstance(e, LLMAttempt) and e.phase == "started"}
     answer_start = next((t for t, piece in text if t >= speech_end_s and piece.strip()), None)
     used = [e for t, e in resets if answer_start is None or t <= answer_start]
-    used_epoch = used[-1]["epoch"] if used else None
-    heard = started.get(used_epoch, {}).get("user_text", "").removeprefix("user:").split()
+    used_epoch = used[-1].epoch if used else None
+    heard = started[used_epoch].user_text.split() if used_epoch in started else []
     mid_answer = [(t, e) for t, e in resets if answer_start is not None and t > answer_start]
     return {
         "speech_end_to_first_speech_s": None if answer_start is None else round(answer_start - speech_end_s, 3),

@@ -75,7 +75,7 @@ class Attempt:
     epoch: int
     started_at: float  # audio time
     trigger: str
-    line: str  # the user's line it was started on (LLMAttempt.user_text, "user: ..." stripped)
+    line: str  # the user's words it was started on (LLMAttempt.user_text)
     context: list[str]  # the user's words it was built from: earlier finals, then its line
     first_token_at: float | None = None
     answer: str = ""
@@ -103,7 +103,7 @@ def attempts(events: Sequence[TimedEvent]) -> list[Attempt]:
 
 def _attempt_event(found: dict[int, Attempt], t: float, event: LLMAttempt, closed: list[str], said: list[str]) -> None:
     if event.phase == "started":
-        line = event.user_text.partition(":")[2].strip() if ":" in event.user_text else event.user_text
+        line = event.user_text
         earlier = closed[:-1] if closed and closed[-1].strip() == line else closed
         context = [w for text in [*earlier, line] for w in words(text)]
         found[event.epoch] = Attempt(event.epoch, t, event.trigger, line, context, said_before=words("".join(said)))

@@ -29,9 +29,10 @@ class EchoScene:
 
 def phone_line(pcm: np.ndarray) -> np.ndarray:
     """24 kHz audio as it comes out of a G.711 mu-law call: 8 kHz, quantised, back to 24 kHz."""
-    from kame.telephony import Downsampler, Upsampler, ulaw_decode, ulaw_encode
+    from kame.pcm import TELEPHONE_RATE, Resampler, ulaw_decode, ulaw_encode
 
-    return Upsampler()(ulaw_decode(ulaw_encode(Downsampler()(pcm))))[: len(pcm)]
+    narrow = Resampler(SAMPLE_RATE, TELEPHONE_RATE)(pcm)
+    return Resampler(TELEPHONE_RATE, SAMPLE_RATE)(ulaw_decode(ulaw_encode(narrow)))[: len(pcm)]
 
 
 def room_response(rt60_s: float, seed: int = 0) -> np.ndarray:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kame.asr.resample import Resampler24to16
 from kame.audio import SAMPLE_RATE
+from kame.pcm import Resampler
 from kame.testing.speech import speech
 
 HOP = SAMPLE_RATE // 100  # 10 ms frames for the energy
@@ -42,7 +42,7 @@ def speech_end(pcm: np.ndarray, floor: float = 0.01) -> float:
 
 def word_starts(pcm: np.ndarray, model) -> list[tuple[str, float]]:
     """Each word of 24 kHz `pcm` and when it starts (s), from a faster-whisper `WhisperModel`."""
-    segments, _ = model.transcribe(Resampler24to16()(pcm), language="en", word_timestamps=True, beam_size=1,
+    segments, _ = model.transcribe(Resampler(SAMPLE_RATE, 16000)(pcm), language="en", word_timestamps=True, beam_size=1,
                                    condition_on_previous_text=False)
     return [(w.word.strip(), w.start) for s in segments for w in s.words]
 

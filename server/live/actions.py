@@ -1,5 +1,5 @@
-"""What the GPT-Live mapping asks for beyond the Realtime mapping's `Send` and `SessionCall`
-(server/realtime/actions.py): the adapter carries them out, in order."""
+"""What the GPT-Live mapping asks for beyond the Realtime mapping's `Send` and the session's own commands
+(kame/commands.py): the adapter carries them out, in order."""
 
 from __future__ import annotations
 
@@ -8,16 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kame.backend.decide import Question
+from kame.commands import SessionCommand
 from kame.tools.base import ToolSpec
-from server.realtime.actions import AnswerCall, Send, SessionCall
-
-
-@dataclass(frozen=True)
-class PlannerCall:
-    """A call on the session's planner: `add_context(role, text)`."""
-
-    method: str
-    args: tuple = ()
+from server.realtime.actions import AnswerCall, Send
 
 
 @dataclass(frozen=True)
@@ -73,5 +66,5 @@ class Finish:
     reason: str
 
 
-Action = (Send | SessionCall | PlannerCall | Delegate | Commentary | ClientTools | AnswerCall | Decide | Play
+Action = (Send | SessionCommand | Delegate | Commentary | ClientTools | AnswerCall | Decide | Play
           | Finish)

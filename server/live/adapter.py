@@ -21,7 +21,8 @@ from kame.audio import FRAME_S
 from kame.backend.decide import decide
 from kame.backend.llm import LLMError
 from kame.clock import Clock, MonotonicClock
-from kame.codec import pcm16_encode
+from kame.commands import SESSION_COMMANDS, PushAudio, UseLLM
+from kame.pcm import pcm16_encode
 from kame.protocol import ProtocolError
 from kame.session import TandemSession
 from kame.session_events import AssistantAudio, SessionEvent
@@ -51,7 +52,7 @@ def live_facts(session_id: str, services: Services, tandem: TandemSession, trans
     """What a Live mapping knows of this server and of its tandem session."""
     settings, runtime = services.settings, services.runtime
     return LiveFacts(session_id, {name: profile.model for name, profile in runtime.profiles.items()},
-                     tandem.backend, tandem.planner.system_prompt,
+                     tandem.backend, tandem.system_prompt,
                      settings.max_message_bytes * 4 // 3 + 4096,  # base64 audio of the binary limit
                      int(time.time() + settings.max_session_s), transport, events,
                      echo=settings.echo_options(), tool_timeout_s=settings.realtime.tool_timeout_s)
@@ -92,15 +93,13 @@ class LiveCarrier:
                     if self._metrics is not None and event["type"] == "session.delegation.created":
                         self._metrics.delegations.labels(event["delegation"]["target"]).inc()
                     self._send(event, droppable)
-                case act.SessionCall(method=method, args=args):
-                    getattr(tandem, method)(*args)
-                    if method == "push_pcm" and self.sidebands:  # the user's audio, reflected
-                        self._reflect({"type": "session.input_audio.append", "audio": _pcm16(args[0])}, True)
-                case act.PlannerCall(method=method, args=args):
-                    getattr(tandem.planner, method)(*args)
+                case command if isinstance(command, SESSION_COMMANDS):
+                    tandem.apply(command)
+                    if isinstance(command, PushAudio) and self.sidebands:  # the user's audio, reflected
+                        self._reflect({"type": "session.input_audio.append", "audio": _pcm16(command.pcm)}, True)
                 case act.Delegate():
                     self.backend = ClientBackend(self.clock, self._delegated)
-                    tandem.planner.set_llm(self.backend)
+                    tandem.apply(UseLLM(self.backend))
                 case act.ClientTools(specs=specs, tool_choice=tool_choice):
                     limits = ToolLimits(self.mapping.facts.tool_timeout_s, CLIENT_OUTPUT_CHARS)
                     tandem.set_client_tools([ClientTool(spec, limits, self._send_call) for spec in specs],
@@ -113,7 +112,7 @@ class LiveCarrier:
                     self._spawn(self._decide(action), "decide")
                 case act.Commentary(delegation_id=delegation_id, text=text):
                     if not self.backend.commentary(delegation_id, text):
-                        tandem.planner.request_attempt()  # no delegation open: one starts with it
+                        tandem.request_attempt()  # no delegation open: one starts with it
                 case act.Play(pcm=pcm, frame=frame):
                     if self._play is not None:
                         self._play(pcm, frame)
@@ -151,7 +150,7 @@ class LiveCarrier:
         runtime, profile = self.tandem.runtime, self.tandem.backend
         try:
             decision = await decide(runtime.llm(profile), runtime.profiles[profile].model, list(action.questions),
-                                    self.tandem.planner.conversation, list(action.inputs))
+                                    self.tandem.conversation, list(action.inputs))
         except LLMError as exc:
             self.mapping.decided(action, None, str(exc))
         else:

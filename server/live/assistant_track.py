@@ -13,7 +13,7 @@ import numpy as np
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
-from kame.resample2 import Up2
+from kame.pcm import Resampler
 
 WIRE_RATE = 48000  # Opus
 PTIME_SAMPLES = 960  # 20 ms at 48 kHz: one RTP packet
@@ -36,7 +36,7 @@ class AssistantTrack(MediaStreamTrack):
         self._sent = sent  # (frame, packet): a frame's first sample went out in that packet (the bench's timing)
         self._frames: collections.deque[tuple[int, int]] = collections.deque()  # (frame, its first sample's place)
         self._queued_total = self._taken_total = 0  # samples ever queued, ever taken (sent, skipped or dropped)
-        self._upsample = Up2()
+        self._upsample = Resampler(24000, 48000)
         self._queued: collections.deque[np.ndarray] = collections.deque()
         self._samples = 0
         self._start: float | None = None

@@ -7,14 +7,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-import numpy as np
-import soxr
 from openai.types.live import SessionConfig, SessionUpdateConfig
 
 from kame.aec import EchoOptions
 from kame.audio import SAMPLE_RATE
 from kame.backend.decide import Question
-from kame.codec import pcm16_decode, pcm16_encode
+from kame.pcm import Resampler, pcm16_decode, pcm16_encode
 from kame.tools.base import TOOL_NAME, ToolSpec
 from server.live.client_events import LiveError
 from server.realtime.client_events import AudioFormat as RealtimeFormat
@@ -155,18 +153,18 @@ class LiveConfig:
 
     def decoder(self):
         """bytes of the client's format -> float32 at 24 kHz, streaming: the Realtime endpoint's codecs
-        (PCM16 at 24 kHz, G.711), and 16 kHz PCM16 through soxr."""
+        (PCM16 at 24 kHz, G.711), and 16 kHz PCM16 resampled (kame/pcm.py: each chunk's share at once)."""
         if self._pcm_rate in (None, SAMPLE_RATE):
             return RealtimeFormat(self.audio_format["type"]).decoder()
-        stream = soxr.ResampleStream(self._pcm_rate, SAMPLE_RATE, 1, dtype="float32")
-        return lambda data: stream.resample_chunk(pcm16_decode(data))
+        resample = Resampler(self._pcm_rate, SAMPLE_RATE)
+        return lambda data: resample(pcm16_decode(data))
 
     def encoder(self):
         """float32 at 24 kHz -> bytes of the client's format, streaming."""
         if self._pcm_rate in (None, SAMPLE_RATE):
             return RealtimeFormat(self.audio_format["type"]).encoder()
-        stream = soxr.ResampleStream(SAMPLE_RATE, self._pcm_rate, 1, dtype="float32")
-        return lambda pcm: pcm16_encode(stream.resample_chunk(np.asarray(pcm, np.float32)))
+        resample = Resampler(SAMPLE_RATE, self._pcm_rate)
+        return lambda pcm: pcm16_encode(resample(pcm))
 
     @property
     def _pcm_rate(self) -> int | None:

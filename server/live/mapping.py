@@ -18,6 +18,7 @@ import logging
 import numpy as np
 
 from kame.audio import FRAME_S, FRAME_SIZE, SAMPLE_RATE
+from kame.commands import AddContext, Configure, PushAudio
 from kame.protocol import wire_event
 from kame.session_events import (
     AssistantAudio,
@@ -36,16 +37,14 @@ from server.live.actions import (
     Commentary,
     Delegate,
     Finish,
-    PlannerCall,
     Play,
-    SessionCall,
 )
 from server.live.client_events import LiveError
 from server.live.config import LiveConfig, LiveFacts
 from server.live.decisions import Decisions
 from server.live.outbox import LiveOutbox
 from server.live.responses import ResponsesEvents
-from server.live.stable_text import StableWords
+from server.live.stable_text import Keepalive, StableWords
 from server.live.standby import DEFAULT_VAD_THRESHOLD, Standby
 
 logger = logging.getLogger(__name__)
@@ -84,7 +83,7 @@ class LiveMapping:
         self._pushed_s = 0.0  # the audio clock: the user's audio heard (the client's and fed silence)
         self._decode = self._encode = None
         self.echo = CallEcho(facts.echo)  # a telephone caller's speakerphone sends our voice back
-        self._words = StableWords()
+        self._words, self._keepalive = StableWords(), Keepalive()
         self._transcript_ms = 0  # where the last input transcript delta ended
         self._next_usage: float | None = None
         self._delegations: collections.OrderedDict[str, None] = collections.OrderedDict()  # ids announced
@@ -122,13 +121,13 @@ class LiveMapping:
             self.echo.formats(config.audio_format["type"], config.audio_format["type"])
         self._decode, self._encode = self.echo.decoder(config.decoder()), self.echo.encoder(config.encoder())
         self._next_usage = now + self.facts.usage_interval_s
-        self.outbox.call(SessionCall("configure", (config.backend, config.system_prompt(self.facts))))
+        self.outbox.call(Configure(config.backend, config.system_prompt(self.facts)))
         if config.delegation in CLIENT_WORDS:
             self.outbox.call(Delegate())
         elif config.tools or config.tool_choice:
             self.outbox.call(ClientTools(config.tools, config.tool_choice))
         for role, text in config.history:
-            self.outbox.call(PlannerCall("add_context", ("context" if role == "developer" else role, text)))
+            self.outbox.call(AddContext("context" if role == "developer" else role, text))
         self.outbox.emit("session.started", client_event_id=event_id, session=config.resource(self.facts))
         if config.substituted:
             self._substituted(config)
@@ -189,7 +188,7 @@ class LiveMapping:
         if self.paused:  # no silence fed, no acknowledgement due: the clock stands still
             return self._next_usage
         pause = () if self.standby is None else (self.standby.due(),)
-        return min(self._silence_at(), self._next_usage, *self._acks.values(), *pause)
+        return min(self._silence_at(), self._next_usage, *self._acks.values(), *pause, *self._keepalive.due())
 
     def on_time(self, now: float) -> None:
         """Silence is fed when the client's audio falls behind the clock (the front-end hears time
@@ -203,10 +202,12 @@ class LiveMapping:
             due = int((now - self._silence_at()) / FRAME_S) + 1
             self._pushed_s += due * FRAME_S
             for _ in range(min(due, SILENCE_CATCH_UP)):  # silence nobody heard after a stall is skipped
-                self.outbox.call(SessionCall("push_pcm", (SILENCE,)))
+                self.outbox.call(PushAudio(SILENCE))
         if now >= self._next_usage:
             self._next_usage = now + self.facts.usage_interval_s
             self.outbox.emit("session.usage.updated", usage=self._usage(now))
+        if self._keepalive.fire(now, self._words.open):  # no words for a while in an open user turn
+            self._emit_words(self._words.space(), self._transcript_ms, self._transcript_ms, now)
         for delegation_id, at in list(self._acks.items()):
             if now >= at:  # nothing came from the client yet: the voice acknowledges the request
                 del self._acks[delegation_id]
@@ -231,7 +232,7 @@ class LiveMapping:
         self._push(pcm)
 
     def _push(self, pcm: np.ndarray) -> None:
-        self.outbox.call(SessionCall("push_pcm", (np.zeros_like(pcm) if self.muted else pcm,)))
+        self.outbox.call(PushAudio(np.zeros_like(pcm) if self.muted else pcm))
         self._pushed_s += len(pcm) / SAMPLE_RATE
 
     def _append(self, audio: str) -> None:
@@ -267,23 +268,27 @@ class LiveMapping:
                                              end_ms=start + round(FRAME_S * 1000)))
         elif isinstance(event, Transcript):
             self._active(now)
-            self._transcript(event)
+            self._transcript(event, now)
         elif isinstance(event, LLMAttempt | ToolRound) and self.config.delegation == "responses":
             self.responses.on_session(event, self.config)
         self._extension(event)
 
-    def _transcript(self, event: Transcript) -> None:
+    def _transcript(self, event: Transcript, now: float) -> None:
         if event.backchannel:  # "mm-hm" while the assistant speaks: no words a client would make a user turn of
             return
-        self._send_words(event, self._words.final(event.text) if event.final else self._words.partial(event.text))
+        delta = self._words.final(event.text) if event.final else self._words.partial(event.text, event.settled)
+        if delta:
+            start = max(self._transcript_ms, round(event.start_s * 1000))
+            self._emit_words(delta, start, max(start, round(event.end_s * 1000)), now)
+        elif event.final:
+            self._keepalive.sent(now, False, False)  # the turn ended: no more spaces
 
-    def _send_words(self, event: Transcript, delta: str) -> None:
-        if not delta:
-            return
-        start = max(self._transcript_ms, round(event.start_s * 1000))
-        end = max(start, round(event.end_s * 1000))
+    def _emit_words(self, delta: str, start: int, end: int, now: float) -> None:
         self._transcript_ms = end
-        self._triggered(self.outbox.emit("session.input_transcript.delta", delta=delta, start_ms=start, end_ms=end))
+        sent = self.outbox.emit("session.input_transcript.delta", delta=delta, start_ms=start, end_ms=end)
+        self._keepalive.sent(now, bool(delta.strip()), self._words.open)
+        if delta.strip():  # a space only keeps the client's user turn open (stable_text.py): no words to judge
+            self._triggered(sent)
 
     def _triggered(self, delta_event: dict) -> None:
         """A transcript delta went out: the trigger on its type, if any, fires for it."""
@@ -380,7 +385,7 @@ class LiveMapping:
         old = self.config
         self.config = old.updated(update, self.facts)
         if (self.config.backend, self.config.responses) != (old.backend, old.responses):
-            self.outbox.call(SessionCall("configure", (self.config.backend, self.config.system_prompt(self.facts))))
+            self.outbox.call(Configure(self.config.backend, self.config.system_prompt(self.facts)))
         if (self.config.tools, self.config.tool_choice) != (old.tools, old.tool_choice):
             self.outbox.call(ClientTools(self.config.tools, self.config.tool_choice))
         self.outbox.emit("session.updated", client_event_id=event_id, session=self.config.resource(self.facts))
@@ -404,10 +409,10 @@ class LiveMapping:
             self._acks.clear()  # the protocol: any commentary or thinking cancels every pending acknowledgement
         if kind == "instructions":
             self.config = self.config.with_instructions(text)
-            self.outbox.call(SessionCall("configure", (None, self.config.system_prompt(self.facts))))
+            self.outbox.call(Configure(None, self.config.system_prompt(self.facts)))
         elif kind == "commentary" and self.config.delegation in CLIENT_WORDS and text:
             self.outbox.call(Commentary(delegation_id, text))
         elif text:  # silent context; in responses delegation a commentary too: the LLM reads it
-            self.outbox.call(PlannerCall("add_context", ("context", text)))
+            self.outbox.call(AddContext("context", text))
         at = self.audio_ms()
         self.outbox.emit(f"session.{kind}.appended", client_event_id=event_id, start_ms=at, end_ms=at)

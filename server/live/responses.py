@@ -9,8 +9,9 @@ import collections
 import json
 from collections.abc import Callable
 
+from kame.commands import AddContext, RequestAttempt
 from kame.session_events import LLMAttempt, ToolRound
-from server.live.actions import AnswerCall, PlannerCall
+from server.live.actions import AnswerCall
 from server.live.calls import ClientCalls
 from server.live.client_events import LiveError
 from server.live.config import LiveConfig
@@ -123,7 +124,7 @@ class ResponsesEvents:
         elif item.type == "message" and item.role in ("user", "system", "developer"):
             text = " ".join(part.text for part in item.content if hasattr(part, "text")) if not isinstance(
                 item.content, str) else item.content
-            self.outbox.call(PlannerCall("add_context", ("user" if item.role == "user" else "context", text)))
+            self.outbox.call(AddContext("user" if item.role == "user" else "context", text))
         else:
             raise LiveError("unsupported_parameter", f"response.item.create takes function_call_output items and "
                             f"messages here, not {item.type!r}.", "item.type")
@@ -134,7 +135,7 @@ class ResponsesEvents:
         self._config = config
         released = self.calls.release()
         if released is None:
-            self.outbox.call(PlannerCall("request_attempt"))
+            self.outbox.call(RequestAttempt())
             return
         answers, resumed = released
         for call_id, output in answers:

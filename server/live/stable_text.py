@@ -3,10 +3,16 @@ has no "done" event and no way to take a word back), from an ASR whose partials 
 their last words.
 
 A word is sent once two partials in a row agree on it and it is not among the newest `hold` words
-of the latest one; a final sends the rest. Words already sent stay sent: when a later partial
-revises one of them anyway, the deltas go on from the same word count, so the client's text is the
-words as first sent followed by the newer ones (a revision this deep is rare: with `hold` words
-held back, only an ASR that rewrites more than that many words of its past does it).
+of the latest one; a settled partial (the speech paused) or a final sends the rest. Words already
+sent stay sent: when a later partial revises one of them anyway, the deltas go on from the same word
+count, so the client's text is the words as first sent followed by the newer ones (a revision this
+deep is rare: with `hold` words held back, only an ASR that rewrites more than that many words of
+its past does it).
+
+Clients split the user's speech into turns on a gap between deltas (Pipecat and LiveKit: 0.8 s), so
+the mapping sends a space (`space()`) while an utterance that has sent words is `open` and no word
+came for a while (on its own clock: mapping.py): the separator of the next word, sent ahead (the word
+then comes without one), or one more space in a long pause.
 """
 
 from __future__ import annotations
@@ -24,16 +30,28 @@ def _key(word: str) -> str:
 class StableWords:
     """Partial and final transcripts in, append-only text deltas out (one session's user speech)."""
 
-    def __init__(self, hold: int = 2) -> None:
+    def __init__(self, hold: int = 1) -> None:
         if hold < 0:
             raise ValueError("hold must be >= 0")
         self.hold = hold
         self._sent = 0  # words of the current utterance sent
         self._previous: list[str] = []  # the last partial's words, by key
         self._spoken = False  # a word was sent in this session: the next delta starts with a space
+        self._spaced = False  # the last delta ended with a space (a keepalive): the next word needs none
 
-    def partial(self, text: str) -> str:
-        """The delta a partial transcript of the current utterance allows now ("" for none)."""
+    @property
+    def open(self) -> bool:
+        """Words of the current utterance went out and its final has not come: the client's user turn is open."""
+        return self._sent > 0
+
+    def space(self) -> str:
+        """A delta of one space that keeps an open turn open: the next word's separator, sent ahead."""
+        self._spaced = True
+        return " "
+
+    def partial(self, text: str, settled: bool = False) -> str:
+        """The delta a partial transcript of the current utterance allows now ("" for none); `settled`: the
+        speech paused, its words so far go out."""
         words = text.split()
         keys = [_key(w) for w in words]
         agreed = 0
@@ -42,7 +60,7 @@ class StableWords:
                 break
             agreed += 1
         self._previous = keys
-        return self._send(words, min(agreed, len(words) - self.hold))
+        return self._send(words, len(words) if settled else min(agreed, len(words) - self.hold))
 
     def final(self, text: str) -> str:
         """The rest of the utterance; the next transcript starts a new one."""
@@ -55,6 +73,34 @@ class StableWords:
         if upto <= self._sent:
             return ""
         fresh = " ".join(words[self._sent:upto])
-        delta = (" " if self._spoken else "") + fresh
-        self._sent, self._spoken = upto, True
+        delta = (" " if self._spoken and not self._spaced else "") + fresh
+        self._sent, self._spoken, self._spaced = upto, True, False
         return delta
+
+
+class Keepalive:
+    """When an open user turn needs a space to stay open at the client: `every_s` after the last delta, and
+    for `for_s` after the last word at most (an ASR that never ends the utterance does not hold a turn open
+    for ever), on the mapping's clock: a slow decode delays the words, not the spaces."""
+
+    def __init__(self, every_s: float = 0.3, for_s: float = 5.0) -> None:
+        self.every_s, self.for_s = every_s, for_s
+        self._due: float | None = None
+        self._last_word = 0.0
+
+    def sent(self, now: float, words: bool, open_turn: bool) -> None:
+        """A delta went out (with words or not); `open_turn`: its utterance goes on."""
+        if words:
+            self._last_word = now
+        self._due = now + self.every_s if open_turn else None
+
+    def due(self) -> tuple[float, ...]:
+        return () if self._due is None else (self._due,)
+
+    def fire(self, now: float, open_turn: bool) -> bool:
+        """Whether a space is due now (the next is then scheduled by `sent`)."""
+        if self._due is None or now < self._due:
+            return False
+        self._due = None
+        return open_turn and now - self._last_word <= self.for_s
+

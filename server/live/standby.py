@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kame.asr.resample import Resampler24to16
 from kame.asr.vad import VAD_CHUNK, StreamingVad
 from kame.audio import SAMPLE_RATE
+from kame.pcm import Resampler
 
 PREROLL_S = 0.6  # audio kept while paused: what the detector heard before it decided, and a little more
 DEFAULT_VAD_THRESHOLD = 0.5  # the protocol's default
@@ -78,7 +78,7 @@ class SpeechDetector:
     def __init__(self, session, threshold: float) -> None:
         self.threshold = threshold
         self._vad = StreamingVad(session)
-        self._resample = Resampler24to16()
+        self._resample = Resampler(SAMPLE_RATE, 16000)
         self._pending = np.zeros(0, np.float32)
 
     def __call__(self, pcm: np.ndarray) -> bool:

@@ -26,6 +26,7 @@ from kame.asr.vad import silero_session
 from kame.audio import SAMPLE_RATE
 from kame.clock import Clock
 from kame.errors import EngineError, SessionError
+from kame.pcm import Resampler
 from kame.rtc import OpusInput, receive_opus, send_cheaply
 from kame.session import TandemSession
 from server.access import AccessControl, Refusal
@@ -211,14 +212,17 @@ class WebRTCSession(LiveSession):
             return
         if self._remote is None:
             return
-        resample = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+        mono, resample = None, None  # PyAV to float mono at the codec's rate, then kame/pcm.py's resampler
         while True:
             try:
                 frame = await self._remote.recv()
             except MediaStreamError as exc:
                 raise Disconnected from exc
-            for out in resample.resample(frame):
-                self._hear(out.to_ndarray().reshape(-1))
+            if resample is None:
+                mono = av.AudioResampler(format="flt", layout="mono", rate=frame.sample_rate)
+                resample = Resampler(frame.sample_rate, SAMPLE_RATE)
+            for out in mono.resample(frame):
+                self._hear(resample(out.to_ndarray().reshape(-1)))
 
     def _hear(self, pcm: np.ndarray) -> None:
         """The user's audio to the mapping; while the session is paused, Silero listens for the wake."""

@@ -1,4 +1,5 @@
-"""What the Realtime mapping asks for: wire events to send, and calls on the tandem session.
+"""What the Realtime mapping asks for: wire events to send, and commands to the tandem session
+(kame/commands.py).
 
 The mapping (`mapping.py`) never touches a socket or a session: it queues these, in order, and
 the adapter (`adapter.py`) carries them out.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kame.commands import SessionCommand
 from kame.tools.base import ToolSpec
 
 
@@ -18,15 +20,6 @@ class Send:
 
     event: dict
     droppable: bool = False
-
-
-@dataclass(frozen=True)
-class SessionCall:
-    """A plain call on the TandemSession: `push_pcm` (the client's audio, or silence fed in real
-    time), `configure`, `set_oracle_delay`, `add_user_text`, `truncate_assistant`."""
-
-    method: str
-    args: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -60,4 +53,4 @@ class End:
     reason: str  # the session cannot go on (after the error event before this)
 
 
-Action = Send | SessionCall | Flush | SetClientTools | AnswerCall | End
+Action = Send | SessionCommand | Flush | SetClientTools | AnswerCall | End

@@ -15,6 +15,7 @@ import logging
 from starlette.websockets import WebSocket
 
 from kame.clock import Clock, MonotonicClock
+from kame.commands import SESSION_COMMANDS
 from kame.session import TandemSession
 from kame.session_events import AssistantAudio
 from kame.tools.base import ToolError, ToolLimits, ToolSpec
@@ -52,7 +53,7 @@ class RealtimeSession(SocketSession):
                       "silence_duration_ms": int(whisper.min_silence_s * 1000), "create_response": True,
                       "interrupt_response": True, "idle_timeout_ms": None}
         return SessionFacts(self.id, runtime.frontend.source, runtime.asr.name, tuple(runtime.profiles),
-                            tandem.backend, tandem.planner.system_prompt, server_vad, settings.realtime,
+                            tandem.backend, tandem.system_prompt, server_vad, settings.realtime,
                             settings.max_message_bytes * 4 // 3 + 4096,  # base64 audio of the binary limit
                             settings.echo_options())
 
@@ -109,8 +110,8 @@ class RealtimeSession(SocketSession):
                     if self._recorder is not None and not droppable:
                         self._recorder.write_event({"realtime": event})
                     self._send.put(json.dumps(event), droppable=droppable)
-                case act.SessionCall(method=method, args=args):
-                    getattr(tandem, method)(*args)
+                case command if isinstance(command, SESSION_COMMANDS):
+                    tandem.apply(command)
                 case act.Flush(token=token):
                     self._spawn(self._flush(token), "flush")
                 case act.SetClientTools(specs=specs, timeout_s=timeout_s):
@@ -126,7 +127,7 @@ class RealtimeSession(SocketSession):
     def _set_tools(self, tandem: TandemSession, specs: tuple[ToolSpec, ...], timeout_s: float) -> None:
         tools = [ClientTool(spec, ToolLimits(timeout_s, 8000), self._send_call) for spec in specs]
         tandem.set_client_tools(tools)
-        if tools and not tandem.planner.tools_on:  # no error event: frameworks end their session on one
+        if tools and not tandem.tools_on:  # no error event: frameworks end their session on one
             logger.info("session %s: %d tools stored; backend %s calls no tools, so it answers without them",
                         self.id, len(tools), tandem.backend)
 

@@ -26,9 +26,17 @@ from pydantic import (
 )
 
 from kame.audio import SAMPLE_RATE
-from kame.codec import pcm16_decode, pcm16_encode
+from kame.pcm import (
+    TELEPHONE_RATE,
+    Resampler,
+    alaw_decode,
+    alaw_encode,
+    pcm16_decode,
+    pcm16_encode,
+    ulaw_decode,
+    ulaw_encode,
+)
 from kame.protocol import ProtocolError
-from kame.telephony import TELEPHONE_RATE, Downsampler, Upsampler, alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 
 _BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
 
@@ -70,14 +78,16 @@ class AudioFormat:
         """bytes -> float32 at 24 kHz, carrying the resampler's state."""
         if self.type == "audio/pcm":
             return pcm16_decode
-        decode, upsample = (ulaw_decode if self.type == "audio/pcmu" else alaw_decode), Upsampler()
+        decode = ulaw_decode if self.type == "audio/pcmu" else alaw_decode
+        upsample = Resampler(TELEPHONE_RATE, SAMPLE_RATE)
         return lambda data: upsample(decode(data))
 
     def encoder(self):
         """float32 at 24 kHz -> bytes, carrying the resampler's state."""
         if self.type == "audio/pcm":
             return pcm16_encode
-        encode, downsample = (ulaw_encode if self.type == "audio/pcmu" else alaw_encode), Downsampler()
+        encode = ulaw_encode if self.type == "audio/pcmu" else alaw_encode
+        downsample = Resampler(SAMPLE_RATE, TELEPHONE_RATE)
         return lambda pcm: encode(downsample(pcm))
 
 

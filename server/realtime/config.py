@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from kame.aec import EchoOptions
+from kame.commands import Configure, SetOracleDelay
 from kame.tools.base import ToolSpec
-from server.realtime.actions import Action, SessionCall, SetClientTools
+from server.realtime.actions import Action, SetClientTools
 from server.realtime.client_events import (
     FUNCTION_TOOLS,
     AudioFormat,
@@ -113,9 +114,9 @@ class RealtimeConfig:
         # everything checked: the calls that apply it
         calls: list[Action] = []
         if kame.backend is not None or session.instructions is not None:
-            calls.append(SessionCall("configure", (kame.backend, session.instructions)))
+            calls.append(Configure(kame.backend, session.instructions))
         if kame.oracle_delay_s is not None:
-            calls.append(SessionCall("set_oracle_delay", (kame.oracle_delay_s,)))
+            calls.append(SetOracleDelay(kame.oracle_delay_s))
         if session.tools is not None or session.given("tool_choice"):
             calls.append(SetClientTools(specs, facts.options.tool_timeout_s))
         return config, calls

@@ -18,11 +18,12 @@ import logging
 import numpy as np
 
 from kame.audio import FRAME_S, FRAME_SIZE, SAMPLE_RATE
+from kame.commands import AddUserText, PushAudio, TruncateAssistant
 from kame.protocol import wire_event
 from kame.session_events import AssistantAudio, AssistantText, SessionEvent, SessionFailed, Transcript
 from server.echo import CallEcho
 from server.realtime import client_events as ce
-from server.realtime.actions import Action, AnswerCall, End, Flush, SessionCall
+from server.realtime.actions import Action, AnswerCall, End, Flush
 from server.realtime.client_events import RealtimeError
 from server.realtime.config import RealtimeConfig, SessionFacts
 from server.realtime.conversation import MAX_ITEMS, Items, UserItem, UserTurns, public
@@ -90,7 +91,7 @@ class RealtimeMapping:
             self._pushed_s += due * FRAME_S
             # after a stall, the silence nobody heard is skipped, as the engine would skip it to stay live
             for _ in range(min(due, SILENCE_CATCH_UP)):
-                self.outbox.call(SessionCall("push_pcm", (SILENCE,)))
+                self.outbox.call(PushAudio(SILENCE))
 
     def _silence_at(self) -> float:
         return self._clock_start + self._pushed_s + SILENCE_SLACK_S
@@ -189,7 +190,7 @@ class RealtimeMapping:
         if self.config.input_format.type == "audio/pcm" and len(data) % 2:
             raise RealtimeError("invalid_audio", "audio/pcm is 16-bit: an even number of bytes", "audio")
         pcm = self._decode(data)
-        self.outbox.call(SessionCall("push_pcm", (pcm,)))
+        self.outbox.call(PushAudio(pcm))
         self._pushed_s += len(pcm) / SAMPLE_RATE
         self._appended = self._appended or len(data) > 0  # the echo canceller may hold back < 10 ms
 
@@ -237,7 +238,7 @@ class RealtimeMapping:
         text = " ".join(" ".join(part.text for part in item.content).split())
         if not text:
             raise RealtimeError("invalid_request", "an empty user message", "item.content")
-        self.outbox.call(SessionCall("add_user_text", (text,)))
+        self.outbox.call(AddUserText(text))
         self.items.add({"id": item.id or new_id("item"), "object": "realtime.item", "type": "message",
                         "role": "user", "status": "completed", "content": parts})
 
@@ -257,7 +258,7 @@ class RealtimeMapping:
         heard = "".join(text for offset, text in item["_pieces"] if offset <= end_ms).strip()
         content = item["content"][0]
         key = "transcript" if "transcript" in content else "text"
-        self.outbox.call(SessionCall("truncate_assistant", (content[key], heard)))
+        self.outbox.call(TruncateAssistant(content[key], heard))
         content[key] = heard
         item["_audio_ms"] = end_ms  # a later truncate can only cut more
         self.outbox.emit("conversation.item.truncated", item_id=item_id, content_index=0, audio_end_ms=end_ms)

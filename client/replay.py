@@ -1,7 +1,7 @@
 """`kame replay DIR --llm PROFILE`: send a recorded session's audio through the server again (`--url`),
 or a tandem session in this process (`--in-process`), with another backend or prompt, and compare
 what the assistant said (regressions, A/B tests). `--timeline out.html` draws one recorded session's
-timeline instead (kame/eval/timeline.py)."""
+timeline instead (client/timeline.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,14 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from client.cli import DEFAULT_URL
 from kame.errors import KameError
 from kame.eval.inprocess import CUSTOM, add_in_process_args, check_in_process_args
+
+if TYPE_CHECKING:
+    from kame.conversation_log import ConversationLog
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -59,14 +63,15 @@ def run_replay(args: argparse.Namespace) -> int:
     from client.conversation import converse
 
     async def talk(pcm):
-        return await converse(args.url, pcm, realtime=not args.fast, tail_s=args.tail, backend=args.llm,
-                              system_prompt=args.system_prompt)
+        conversation = await converse(args.url, pcm, realtime=not args.fast, tail_s=args.tail, backend=args.llm,
+                                      system_prompt=args.system_prompt)
+        return conversation.log()
 
     return asyncio.run(replay_all(folders, talk, args.llm))
 
 
 def _timeline(recording: Path, out: Path) -> int:
-    from kame.eval.timeline import write_timeline
+    from client.timeline import write_timeline
 
     folders = sessions_in(recording)
     if len(folders) > 1:
@@ -87,9 +92,12 @@ def _in_process(args: argparse.Namespace, folders: list[Path]) -> int:
     return run_in_process(runtime, lambda: replay_all(folders, lambda pcm: source(pcm, mode), args.llm))
 
 
-async def replay_all(folders: list[Path], talk: Callable[..., Awaitable], llm: str) -> int:
-    """Each recording through `talk(pcm)` (a conversation in the wire's shape); its outputs beside it."""
+async def replay_all(folders: list[Path], talk: Callable[..., Awaitable[ConversationLog]], llm: str) -> int:
+    """Each recording through `talk(pcm)`; its outputs beside it: the audio, and the events as a recording
+    writes them (the wire's JSON events and the text pieces, in the order they came)."""
     from kame.audio import read_audio, write_wav
+    from kame.protocol import wire_event
+    from kame.session_events import AssistantText
 
     for folder in folders:
         conv = await talk(read_audio(folder / "input.wav"))
@@ -98,9 +106,13 @@ async def replay_all(folders: list[Path], talk: Callable[..., Awaitable], llm: s
         write_wav(out / "output.wav", conv.assistant_audio)
         with (out / "events.jsonl").open("w") as handle:
             for t, event in conv.events:
-                handle.write(json.dumps({"t": round(t, 3), **event}) + "\n")
-            for t, piece in conv.text:
-                handle.write(json.dumps({"t": round(t, 3), "type": "text", "text": piece}) + "\n")
+                if isinstance(event, AssistantText):
+                    line = {"type": "text", "text": event.text}
+                elif (wire := wire_event(event)) is not None:
+                    line = wire.model_dump(exclude_none=True)
+                else:
+                    continue
+                handle.write(json.dumps({"t": round(t, 3), **line}) + "\n")
         print(json.dumps({"session": folder.name, "llm": llm, "recorded": said(folder),
                           "replayed": conv.assistant_text, "output": str(out)}))
     return 0

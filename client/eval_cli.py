@@ -1,7 +1,8 @@
-"""`kame eval mtbench`: spoken MT-Bench through a running server's websocket (`--url`, through
-`client/`'s wire client), or a tandem session in this process (`--in-process`, `kame.eval.inprocess`).
-The harness itself (modes, judge, resumable results, report) is `kame.eval.harness`; this module
-turns the flags into its settings and gives it its conversation source.
+"""`kame eval mtbench` and `kame eval robustness`: spoken MT-Bench through a running server's websocket
+(`--url`, `client.conversation`), or a tandem session in this process (`--in-process`,
+`kame.eval.inprocess`). The harness itself (modes, judge, resumable results, report) is the library's
+`kame.eval.harness`, which reads the session's typed events whatever ran it; this module, above both the
+library and the wire, turns the flags into its settings and gives it its conversation source.
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ def websocket_source(url: str, realtime: bool, tail_s: float) -> ConversationSou
         options: dict = {} if mode.asr else {"asr": "off"}
         if mode.oracle_delay_s is not None:
             options["oracle_delay"] = mode.oracle_delay_s
-        return await converse(url, pcm, realtime=realtime, tail_s=tail_s, backend=mode.backend, options=options)
+        conversation = await converse(url, pcm, realtime=realtime, tail_s=tail_s, backend=mode.backend,
+                                      options=options)
+        return conversation.log()
 
     return source
 

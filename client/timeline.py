@@ -7,10 +7,9 @@ import html
 import json
 from pathlib import Path
 
-import client
 from kame.errors import KameError
 
-TIMELINE_JS = Path(client.__file__).resolve().parent / "web" / "timeline.js"
+TIMELINE_JS = Path(__file__).resolve().parent / "web" / "timeline.js"
 CHAT_EVENTS = ("transcript", "llm", "oracle", "text")  # the /api/chat shapes timeline.js draws
 PX_PER_SECOND = 120  # a recording is drawn whole, at a fixed scale (the page scrolls)
 
