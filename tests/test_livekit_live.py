@@ -166,10 +166,13 @@ def test_a_function_tool_runs_in_the_agent_and_the_answer_uses_it(tandem_server,
     assert not [e for e in log.errors if e not in late]
     if late:
         # measured: the tool ran within a second of the call, and LiveKit sent its output (a
-        # response.item.create) only after KAME's 15 s wait for it had ended; LiveKit's duplex adapter
-        # joins a call to the reply being spoken, and its AgentSession (no room, no audio output here)
-        # reports the tool's output once that reply is over
-        pytest.xfail("LiveKit 1.8.9 sent the tool's output after KAME's 15 s wait (function_call_output_timeout)")
+        # response.item.create) only after KAME's 15 s wait for it had ended. LiveKit's duplex adapter
+        # joins a call to the "burst" of assistant audio in flight and reports the tool's output when
+        # that burst ends, and GPTLiveModel's gate (llm.FixedGate, silence RMS 0.0006) ends a burst only
+        # after 0.8 s below ~0.0011 RMS: tiny-copy's voice is continuous noise, so its burst never ends.
+        # A front-end whose silence is that quiet (GPT-Live's is all zeros) would close it; a trained
+        # Moshi's idle output level was not measured here
+        pytest.xfail("LiveKit reports a tool's output when the assistant's audio falls silent; tiny-copy's never does")
     assert any(m["role"] == "tool" and "sunny" in m["content"] for r in requests for m in r["messages"])
     assert "sunny" in words(log.said)
 
