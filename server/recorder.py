@@ -15,12 +15,12 @@ import concurrent.futures
 import json
 import logging
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
 import soundfile
 
+from kame.clock import Clock
 from kame.protocol import SAMPLE_RATE, wire_event
 from kame.session_events import AssistantAudio, AssistantText, SessionEvent
 
@@ -28,10 +28,11 @@ logger = logging.getLogger(__name__)
 
 
 class SessionRecorder:
-    def __init__(self, root: Path, session_id: str, meta: dict) -> None:
+    def __init__(self, root: Path, session_id: str, clock: Clock, meta: dict) -> None:
         self.folder = root / session_id
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"kame-record-{session_id}")
-        self._started = time.monotonic()
+        self.clock = clock  # the session's: a line's `t` is seconds on it since the recording began
+        self._started = clock.now()
         self._failed = False
         self._submit(self._open, meta)
 
@@ -59,7 +60,7 @@ class SessionRecorder:
         self._events.write(json.dumps(line) + "\n")
 
     def write_event(self, event: dict) -> None:
-        line = {"t": round(time.monotonic() - self._started, 3), **event}
+        line = {"t": round(self.clock.now() - self._started, 3), **event}
         self._submit(self._write_line, line)
 
     # ---------------------------------------------------------------- a session observer
@@ -93,5 +94,5 @@ class SessionRecorder:
     def _close(self) -> None:
         self._input.close()
         self._output.close()
-        self._write_line({"t": round(time.monotonic() - self._started, 3), "type": "end"})  # the WAVs are final
+        self._write_line({"t": round(self.clock.now() - self._started, 3), "type": "end"})  # the WAVs are final
         self._events.close()

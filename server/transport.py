@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from websockets.exceptions import ConnectionClosed
 
+from kame.clock import Clock, MonotonicClock
 from kame.errors import SessionError
 from kame.protocol import ProtocolError
 from kame.queues import DropOldestQueue
@@ -53,8 +53,10 @@ class SocketSession:
     transport = "socket"
     subprotocol: str | None = None  # the websocket subprotocol the upgrade answers with
 
-    def __init__(self, ws: WebSocket, services: Services) -> None:
+    def __init__(self, ws: WebSocket, services: Services, clock: Clock | None = None) -> None:
         self.ws, self.services = ws, services
+        # the session's time: the tandem session's, the planner's, the recorder's and the flood counter's
+        self.clock = clock or MonotonicClock()
         self.settings = services.settings
         self.id = uuid.uuid4().hex[:12]
         self._send: DropOldestQueue[bytes | str] = DropOldestQueue(self.settings.send_queue_messages)
@@ -72,13 +74,14 @@ class SocketSession:
         observers = [SessionMetrics(self.services.metrics, tool_names)]
         if self.settings.record_dir is not None:
             runtime = self.services.runtime
-            self._recorder = SessionRecorder(self.settings.record_dir, self.id, {
+            self._recorder = SessionRecorder(self.settings.record_dir, self.id, self.clock, {
                 "frontend": runtime.frontend.source, "asr": runtime.asr.name if asr else "none",
                 "backend": config.backend or runtime.default_profile, "oracle_delay_s": config.oracle_delay_s,
                 "transport": self.transport})
             observers.append(self._recorder)
         try:
-            return await TandemSession.open(self.services.runtime, config, observers, session_id=self.id)
+            return await TandemSession.open(self.services.runtime, config, observers, session_id=self.id,
+                                            clock=self.clock)
         except BaseException:
             await self.discard_recording()
             raise
@@ -178,7 +181,7 @@ class SocketSession:
         return message
 
     async def _receive(self, tandem: TandemSession) -> None:
-        flood = _Flood(self.settings.max_messages_per_s)
+        flood = _Flood(self.settings.max_messages_per_s, self.clock)
         while True:
             message = await self._next_message()
             if flood.over():
@@ -255,12 +258,12 @@ class SocketSession:
 class _Flood:
     """Counts client messages per second; `over()` is true after 5 s in a row above the limit."""
 
-    def __init__(self, per_second: float, patience_s: int = 5) -> None:
-        self.per_second, self.patience_s = per_second, patience_s
-        self._second, self._count, self._bad_seconds = int(time.monotonic()), 0, 0
+    def __init__(self, per_second: float, clock: Clock, patience_s: int = 5) -> None:
+        self.per_second, self.patience_s, self.clock = per_second, patience_s, clock
+        self._second, self._count, self._bad_seconds = int(clock.now()), 0, 0
 
     def over(self) -> bool:
-        now = int(time.monotonic())
+        now = int(self.clock.now())
         if now != self._second:
             self._bad_seconds = self._bad_seconds + 1 if self._count > self.per_second else 0
             self._second, self._count = now, 0

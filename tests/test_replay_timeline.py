@@ -7,12 +7,10 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import types
 from pathlib import Path
 
 import pytest
 
-import server.recorder
 from client.timeline import timeline_entries
 from kame.cli import main
 from kame.session_events import AssistantText, LLMAttempt, OracleApplied, Transcript
@@ -23,29 +21,27 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 
 
 class Clock:
-    """The recorder's clock, moved by the test: each line's `t` is where the scenario says."""
+    """The recorder's clock (the session's), set by the test: each line's `t` is where the scenario says."""
 
     def __init__(self) -> None:
-        self.now = 0.0
+        self.at = 0.0
 
-    def monotonic(self) -> float:
-        return self.now
+    def now(self) -> float:
+        return self.at
 
 
 @pytest.fixture
-def clock(monkeypatch) -> Clock:
-    clock = Clock()
-    monkeypatch.setattr(server.recorder, "time", types.SimpleNamespace(monotonic=clock.monotonic))
-    return clock
+def clock() -> Clock:
+    return Clock()
 
 
 def live_session(root: Path, clock: Clock) -> Path:
     """A spoken question over GPT-Live: two delegations, the first superseded, the second answering
     while the user still talks; the recorder's own lines (transcript, oracle) beside the live ones."""
-    recorder = SessionRecorder(root, "live1", {"transport": "live-webrtc"})
+    recorder = SessionRecorder(root, "live1", clock, {"transport": "live-webrtc"})
 
     def at(t: float, event: dict) -> None:
-        clock.now = t
+        clock.at = t
         recorder.write_event({"live": event})
 
     at(0.1, {"type": "session.started", "session": {"id": "live1"}})
@@ -59,7 +55,7 @@ def live_session(root: Path, clock: Clock) -> Path:
     at(2.5, {"type": "response.event", "delegation_id": "d1",
              "event": {"type": "response.completed", "response": {"status": "cancelled"}}})
     at(2.7, {"type": "response.event", "delegation_id": "d2", "event": {"type": "response.in_progress"}})
-    clock.now = 2.75
+    clock.at = 2.75
     recorder.on_event(OracleApplied("reset", 2, "Paris is the capital of France.", 8, 34, True, 0))
     recorder.on_event(Transcript(True, "What is the capital of France?", 0.5, 2.85, 0.3))  # drawn from live
     at(3.0, {"type": "response.event", "delegation_id": "d2",
@@ -69,14 +65,14 @@ def live_session(root: Path, clock: Clock) -> Path:
     for i, word in enumerate(["Paris ", "is ", "the ", "capital."]):
         at(3.2 + 0.2 * i, {"type": "session.output_transcript.delta", "delta": word,
                            "start_ms": 3120 + 160 * i, "end_ms": 3200 + 160 * i})
-    clock.now = 5.0
+    clock.at = 5.0
     recorder.close()
     return recorder.folder
 
 
 def chat_session(root: Path, clock: Clock) -> Path:
     """The same question on /api/chat: the recorder's own event lines."""
-    recorder = SessionRecorder(root, "chat1", {"transport": "moshi"})
+    recorder = SessionRecorder(root, "chat1", clock, {"transport": "moshi"})
     script = [(1.0, Transcript(False, "what is the capital", 0.5, 0.9, 0.2)),
               (1.6, LLMAttempt("started", 1, "scripted", "words")),
               (1.7, LLMAttempt("first_token", 1, "scripted", "words", latency_s=0.1)),
@@ -85,9 +81,9 @@ def chat_session(root: Path, clock: Clock) -> Path:
               (2.4, Transcript(True, "what is the capital of France", 0.5, 2.9, 0.2)),
               (2.6, AssistantText(30, " Paris")), (2.7, AssistantText(31, " is"))]
     for t, event in script:
-        clock.now = t
+        clock.at = t
         recorder.on_event(event)
-    clock.now = 4.0
+    clock.at = 4.0
     recorder.close()
     return recorder.folder
 

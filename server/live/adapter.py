@@ -20,7 +20,7 @@ from starlette.websockets import WebSocket
 from kame.audio import FRAME_S
 from kame.backend.decide import decide
 from kame.backend.llm import LLMError
-from kame.clock import Clock, MonotonicClock
+from kame.clock import Clock
 from kame.commands import SESSION_COMMANDS, PushAudio, UseLLM
 from kame.pcm import pcm16_encode
 from kame.protocol import ProtocolError
@@ -193,9 +193,8 @@ class LiveSession(SocketSession):
     transport = "live"
 
     def __init__(self, ws: WebSocket, services: Services, events: bool = False, clock: Clock | None = None) -> None:
-        super().__init__(ws, services)
+        super().__init__(ws, services, clock)
         self.events = events
-        self.clock = clock or MonotonicClock()
         self.mapping: LiveMapping | None = None
         self.carrier: LiveCarrier | None = None
 

@@ -14,7 +14,7 @@ import logging
 
 from starlette.websockets import WebSocket
 
-from kame.clock import Clock, MonotonicClock
+from kame.clock import Clock
 from kame.commands import SESSION_COMMANDS
 from kame.session import TandemSession
 from kame.session_events import AssistantAudio
@@ -34,9 +34,8 @@ class RealtimeSession(SocketSession):
     transport = "realtime"
 
     def __init__(self, ws: WebSocket, services: Services, model: str, beta: bool, clock: Clock | None = None) -> None:
-        super().__init__(ws, services)
+        super().__init__(ws, services, clock)
         self.model, self.beta = model, beta
-        self.clock = clock or MonotonicClock()
         # browsers cannot set headers: OpenAI's browser clients offer the "realtime" subprotocol (and
         # their key as another one, which server/access.py reads)
         if ws is not None and "realtime" in ws.scope.get("subprotocols", []):
