@@ -61,4 +61,5 @@ def test_the_example_page_talks_from_another_origin_with_a_client_secret(scripte
 
         seen = asyncio.run(scenario())
     assert seen["status"] == "connected"
-    assert "capital of France" in seen["user"] and "Paris is the capital of France" in seen["assistant"]
+    assert "capital of France" in " ".join(seen["user"].split())  # (spaces kept the user turn open)
+    assert "Paris is the capital of France" in seen["assistant"]
