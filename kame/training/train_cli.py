@@ -145,6 +145,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     train(run, options)
     if r.main:
         _finish(run, args.device)
+    # every rank leaves the process group together: one that destroyed it while rank 0 still evaluated was
+    # seen to abort at exit ("terminate called without an active exception", torch 2.15, gloo)
+    barrier()
     _shutdown()
     return 0
 
