@@ -4,6 +4,7 @@ with no session in reach; its carrier hands each to the session, and a test read
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
 from typing import Literal
 
@@ -72,13 +73,4 @@ class UseLLM:
 SessionCommand = (
     PushAudio | Configure | SetOracleDelay | AddUserText | TruncateAssistant | AddContext | RequestAttempt | UseLLM
 )
-SESSION_COMMANDS = (
-    PushAudio,
-    Configure,
-    SetOracleDelay,
-    AddUserText,
-    TruncateAssistant,
-    AddContext,
-    RequestAttempt,
-    UseLLM,
-)
+SESSION_COMMANDS = typing.get_args(SessionCommand)  # the same kinds, for isinstance
