@@ -52,6 +52,22 @@ class ManualClock:
         await settle(rounds)
 
 
+async def wait_for(clock: Clock, future: asyncio.Future, seconds: float):
+    """`future`'s result, or TimeoutError once `seconds` of `clock`'s time have passed (`asyncio.wait_for`
+    on a session's clock: a test's manual clock decides when a wait is over). The future is cancelled
+    when this wait is given up."""
+    timer = asyncio.ensure_future(clock.sleep(seconds))
+    try:
+        await asyncio.wait((future, timer), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        timer.cancel()
+        if not future.done():
+            future.cancel()
+    if future.done() and not future.cancelled():
+        return future.result()
+    raise TimeoutError
+
+
 async def settle(rounds: int = 20) -> None:
     """Let every ready task run until the loop is quiet (a few rounds of the event loop)."""
     for _ in range(rounds):

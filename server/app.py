@@ -10,6 +10,7 @@ import re
 import signal
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
@@ -21,18 +22,23 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from kame.errors import EngineError, SessionError
 from kame.protocol import ProtocolError
 from kame.runtime import log_index_stats
+from kame.session import SessionConfig, TandemSession
 from server import client_secrets, fronts
 from server.access import AccessControl, Refusal
 from server.codec_process import CodecPool
 from server.fronts import FrontPlan
 from server.http_errors import error_response
 from server.live import recording, sideband
-from server.live.adapter import LiveSession
-from server.realtime import RealtimeSession
+from server.live.adapter import LiveCarrier, live_facts
+from server.live.mapping import LiveMapping
+from server.moshi.carrier import MoshiCarrier
+from server.moshi.mapping import SessionOptions
+from server.realtime import RealtimeCarrier
+from server.realtime.adapter import subprotocol as realtime_subprotocol
+from server.runner import Carrier, SessionRunner
 from server.services import Services
-from server.session import Session, SessionOptions
 from server.settings import ServerSettings
-from server.transport import SocketSession
+from server.websocket_link import WebSocketLink
 
 logger = logging.getLogger(__name__)
 
@@ -205,24 +211,37 @@ def create_app(settings: ServerSettings, services: Services | None = None,
     @app.websocket("/api/chat")
     async def chat(ws: WebSocket) -> None:
         services = app.state.services
-        await run_session(ws, services, access, app.state.sessions, app.state.draining,
-                          lambda: Session(ws, services, SessionOptions.from_query(ws.query_params),
-                                          app.state.codec.stream()))
+
+        def endpoint() -> Endpoint:
+            options = SessionOptions.from_query(ws.query_params)
+            config = services.settings.session_config(
+                backend=options.backend, asr=options.asr, oracle_delay_s=options.oracle_delay_s,
+                realtime=options.realtime, sampling=options.sampling,
+                stats_interval_s=services.settings.stats_interval_s if options.events else None)
+            return Endpoint("moshi", config, lambda runner, tandem: MoshiCarrier(
+                runner, tandem, options, app.state.codec.stream()), asr=options.asr)
+
+        await run_session(ws, services, access, app.state.sessions, app.state.draining, endpoint)
 
     @app.websocket("/v1/realtime")
     async def realtime(ws: WebSocket) -> None:
         services = app.state.services
         beta = "realtime=v1" in ws.headers.get("openai-beta", "")
-        await run_session(ws, services, access, app.state.sessions, app.state.draining,
-                          lambda: RealtimeSession(ws, services, ws.query_params.get("model", ""), beta))
+        model = ws.query_params.get("model", "")
+        await run_session(ws, services, access, app.state.sessions, app.state.draining, lambda: Endpoint(
+            "realtime", services.settings.session_config(stats_interval_s=None),
+            lambda runner, tandem: RealtimeCarrier(runner, tandem, model, beta),
+            subprotocol=realtime_subprotocol(ws.scope.get("subprotocols", []))))
 
     @app.websocket("/v1/live/sessions")
     async def live(ws: WebSocket) -> None:
         """OpenAI's GPT-Live over WebSocket (docs/live.md); `?kame_events=true`: KAME's extra events."""
         services = app.state.services
         events = ws.query_params.get("kame_events", "").lower() in ("1", "true")
-        await run_session(ws, services, access, app.state.sessions, app.state.draining,
-                          lambda: LiveSession(ws, services, events))
+        await run_session(ws, services, access, app.state.sessions, app.state.draining, lambda: Endpoint(
+            "live", services.settings.session_config(stats_interval_s=None),
+            lambda runner, tandem: LiveCarrier(runner, tandem,
+                                               LiveMapping(live_facts(runner, tandem, "websocket", events)))))
 
     # ---- GPT-Live over WebRTC: the POST with the SDP offer starts the session (server/live/webrtc.py)
 
@@ -279,23 +298,36 @@ async def _refuse(ws: WebSocket, services: Services, refusal: Refusal) -> None:
         await ws.close(refusal.close_code, refusal.reason[:120])
 
 
+@dataclass(frozen=True)
+class Endpoint:
+    """What one websocket route runs: its transport's name (metrics, recordings), the session's config,
+    the protocol's carrier, and the subprotocol the upgrade answers with."""
+
+    transport: str
+    config: SessionConfig
+    carrier: Callable[[SessionRunner, TandemSession], Carrier]
+    asr: bool = True
+    subprotocol: str | None = None
+
+
 async def run_session(ws: WebSocket, services: Services, access: AccessControl, sessions: set, draining: bool,
-                      make: Callable[[], SocketSession]) -> None:
-    """One connection, whatever its transport (`make` builds the transport's session)."""
+                      endpoint: Callable[[], Endpoint]) -> None:
+    """One connection, whatever its protocol (`endpoint` reads its query: ProtocolError)."""
     refusal = Refusal(503, 1001, "the server is shutting down") if draining else access.admit(ws)
     if refusal is not None:
         await _refuse(ws, services, refusal)
         return
     try:
-        await _serve(ws, services, sessions, make)
+        await _serve(ws, services, sessions, endpoint)
     finally:
         access.leave(ws)
 
 
-async def _serve(ws: WebSocket, services: Services, sessions: set, make: Callable[[], SocketSession]) -> None:
+async def _serve(ws: WebSocket, services: Services, sessions: set, endpoint: Callable[[], Endpoint]) -> None:
     try:
-        session = make()
-        tandem = await session.open()
+        route = endpoint()
+        runner = SessionRunner(services, WebSocketLink(ws), route.transport)
+        tandem = await runner.open(route.config, asr=route.asr)
     except (ProtocolError, SessionError) as exc:
         await ws.accept()
         await ws.close(1008, str(exc)[:120])
@@ -304,13 +336,14 @@ async def _serve(ws: WebSocket, services: Services, sessions: set, make: Callabl
         await _refuse(ws, services, Refusal(503, 1013, str(exc)))
         return
     try:
-        await ws.accept(subprotocol=session.subprotocol)
+        await ws.accept(subprotocol=route.subprotocol)
+        carrier = route.carrier(runner, tandem)
     except BaseException:
-        await tandem.aclose()  # from here on, the session ends the tandem
-        await session.discard_recording()
+        await tandem.aclose()  # from here on, the runner ends the tandem
+        await runner.discard_recording()
         raise
-    sessions.add(session)
+    sessions.add(runner)
     try:
-        await session.run(tandem)
+        await runner.run(tandem, carrier)
     finally:
-        sessions.discard(session)
+        sessions.discard(runner)

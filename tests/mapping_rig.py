@@ -31,3 +31,20 @@ class ActionLog:
         self._collect()
         sent, self._sent = self._sent, []
         return sent
+
+
+def bare_runner(clock, transport: str = "live"):
+    """A real `SessionRunner` with no link, no engine and default settings: what a carrier queues for the
+    client waits in `runner.outbox` (`sent(runner)` reads it)."""
+    from types import SimpleNamespace
+
+    from server.metrics import Metrics
+    from server.runner import SessionRunner
+    from server.settings import ServerSettings
+
+    return SessionRunner(SimpleNamespace(settings=ServerSettings(), metrics=Metrics()), None, transport, clock)
+
+
+def sent(runner) -> list[dict]:
+    """The JSON messages the runner has queued for the client, taken from its queue."""
+    return [json.loads(runner.outbox.get_nowait()) for _ in range(len(runner.outbox))]

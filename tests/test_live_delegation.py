@@ -17,6 +17,7 @@ from server.live.adapter import LiveCarrier
 from server.live.config import LiveFacts
 from server.live.delegation import ClientBackend
 from server.live.mapping import LiveMapping
+from tests.mapping_rig import bare_runner, sent
 
 
 class Rig:
@@ -83,7 +84,7 @@ def test_commentary_for_no_delegation_goes_to_the_newest_or_starts_one(tiny_copy
         clock = ManualClock()
         tokenizer = tiny_copy.tokenizer
         mapping = LiveMapping(LiveFacts("s1", {"scripted": "m"}, "scripted", "Be brief.", 1 << 20, 0))
-        updates, sent = [], []
+        updates = []
 
         class Tandem:
             planner = Planner(None, tokenizer, updates.append, lambda e: None, PlannerConfig(), clock)
@@ -99,7 +100,8 @@ def test_commentary_for_no_delegation_goes_to_the_newest_or_starts_one(tiny_copy
 
             apply = TandemSession.apply  # the session's own dispatch, onto these methods
 
-        carrier = LiveCarrier(mapping, Tandem(), clock, lambda event, droppable: sent.append(event))
+        runner = bare_runner(clock)
+        carrier = LiveCarrier(runner, Tandem(), mapping)
         from openai.types.live import SessionConfig
 
         mapping.start(SessionConfig(model="gpt-live-1"), clock.now())
@@ -109,9 +111,9 @@ def test_commentary_for_no_delegation_goes_to_the_newest_or_starts_one(tiny_copy
                           clock.now())
         carrier.carry_out()
         await settle()
-        return updates, sent
+        return updates, sent(runner)
 
-    updates, sent = asyncio.run(go())
-    types = [e["type"] for e in sent]
+    updates, events = asyncio.run(go())
+    types = [e["type"] for e in events]
     assert types == ["session.started", "session.commentary.appended", "session.delegation.created"]
     assert [(u.op, u.text) for u in updates] == [(OracleOp.RESET, "Hello there.")]

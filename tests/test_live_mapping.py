@@ -19,7 +19,7 @@ from server.live import actions as act
 from server.live.client_events import LiveError
 from server.live.config import LiveFacts
 from server.live.mapping import MAX_CONTENT_TOKENS, LiveMapping
-from tests.mapping_rig import ActionLog
+from tests.mapping_rig import ActionLog, bare_runner
 
 SERVER_EVENT = TypeAdapter(ServerEvent)
 START = 1000.0
@@ -398,7 +398,7 @@ def test_a_sideband_replay_leads_with_the_sessions_snapshot_however_old():
     from server.live.adapter import REPLAY_EVENTS, LiveCarrier
 
     async def carrier_of(mapping) -> LiveCarrier:  # it is built on the session's loop
-        return LiveCarrier(mapping, tandem=None, clock=None, send=lambda event, droppable: None)
+        return LiveCarrier(bare_runner(None), tandem=None, mapping=mapping)
 
     carrier = asyncio.run(carrier_of(Rig().mapping))
     carrier._reflect({"type": "session.started", "event_id": "e1"})

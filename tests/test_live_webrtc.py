@@ -299,12 +299,9 @@ def test_a_peer_connection_that_never_closes_holds_nothing(monkeypatch):
     peer connection once, in a task of its own, and waits for it at most CLOSE_LIMIT_S each time."""
     from types import SimpleNamespace
 
-    from openai.types.live import SessionConfig
+    from server.live import rtc_link
 
-    from server.live import webrtc
-    from server.settings import load_settings
-
-    monkeypatch.setattr(webrtc, "CLOSE_LIMIT_S", 0.05)
+    monkeypatch.setattr(rtc_link, "CLOSE_LIMIT_S", 0.05)
     closes = []
 
     async def never() -> None:
@@ -312,11 +309,11 @@ def test_a_peer_connection_that_never_closes_holds_nothing(monkeypatch):
         await asyncio.Event().wait()
 
     async def go():
-        session = webrtc.WebRTCSession(SimpleNamespace(settings=load_settings(None)), SessionConfig(model="gpt-live-1"))
-        await session.pc.close()  # the real one, never used; in its place one that does not finish closing
-        session.pc = SimpleNamespace(close=never)
-        await asyncio.wait_for(session.close_peer(), 2)
-        await asyncio.wait_for(session.close_peer(), 2)  # the session's end closes it again: no wait forever
+        link = rtc_link.WebRTCLink()
+        await link.pc.close()  # the real one, never used; in its place one that does not finish closing
+        link.pc = SimpleNamespace(close=never)
+        await asyncio.wait_for(link.close_peer(), 2)
+        await asyncio.wait_for(link.close_peer(), 2)  # the session's end closes it again: no wait forever
 
     asyncio.run(go())
     assert closes == ["close"]

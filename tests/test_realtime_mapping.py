@@ -19,9 +19,10 @@ from kame.clock import ManualClock, settle
 from kame.commands import Configure, PushAudio, SetOracleDelay, TruncateAssistant
 from kame.session import TandemSession
 from kame.session_events import AssistantAudio, AssistantText, SessionFailed, Transcript
-from server.realtime import RealtimeError, RealtimeMapping, RealtimeSession
+from server.realtime import RealtimeCarrier, RealtimeError, RealtimeMapping
 from server.realtime import actions as act
 from server.realtime.config import SessionFacts
+from server.runner import SessionRunner
 from server.settings import RealtimeSettings, ServerSettings
 from tests.mapping_rig import ActionLog
 
@@ -543,30 +544,30 @@ class FakeTandem:
         pass
 
 
-def test_the_adapter_sleeps_on_its_clock_until_the_mappings_next_deadline():
-    """The websocket side without a socket: its one timer runs on the injected clock, feeds silence
+def test_the_carrier_sleeps_on_its_clock_until_the_mappings_next_deadline():
+    """The carrier without a link: its one timer runs on the injected clock, feeds silence
     in step with it, and wakes sooner when a client event brings a deadline nearer."""
     async def go():
         clock = ManualClock(START)
         services = SimpleNamespace(settings=ServerSettings(), metrics=None, runtime=SimpleNamespace(
             asr=SimpleNamespace(name="whisper"), profiles={"scripted": None},
             frontend=SimpleNamespace(source="tiny-copy")))
-        session = RealtimeSession(None, services, "kame", beta=False, clock=clock)
+        runner = SessionRunner(services, link=None, transport="realtime", clock=clock)
         tandem = FakeTandem()
-        await session._greet(tandem)
-        timer = asyncio.create_task(session._timer.run())
+        carrier = RealtimeCarrier(runner, tandem, "kame", beta=False)
+        await carrier.greet()
+        timer = asyncio.create_task(*carrier.tasks())
         await settle()
         await clock.advance(0.5 + 0.3)  # the grace, the slack: the first frame of silence is due
         for _ in range(10):  # then one frame of silence per frame of time
             await clock.advance(0.08)
         fed_early = len(tandem.pushed)
-        await session._on_message({"text": json.dumps({"type": "session.update", "session": {
-            "kame": {"feed_silence": False}}})}, tandem)
-        await session._on_message({"text": json.dumps({"type": "response.create"})}, tandem)
+        await carrier.on_message(json.dumps({"type": "session.update", "session": {"kame": {"feed_silence": False}}}))
+        await carrier.on_message(json.dumps({"type": "response.create"}))
         await clock.advance(4.9)
-        sent_before = [json.loads(session._send.get_nowait())["type"] for _ in range(len(session._send))]
+        sent_before = [json.loads(runner.outbox.get_nowait())["type"] for _ in range(len(runner.outbox))]
         await clock.advance(0.2)
-        sent_after = [json.loads(session._send.get_nowait())["type"] for _ in range(len(session._send))]
+        sent_after = [json.loads(runner.outbox.get_nowait())["type"] for _ in range(len(runner.outbox))]
         timer.cancel()
         await asyncio.gather(timer, return_exceptions=True)
         return fed_early, tandem.pushed, sent_before, sent_after

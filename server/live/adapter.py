@@ -1,9 +1,11 @@
-"""The WebSocket side of `/v1/live/sessions`: runs a `LiveMapping` over one tandem session.
+"""`/v1/live/sessions`' carrier, over a WebSocket or a WebRTC peer: runs a `LiveMapping` over one
+tandem session.
 
-It feeds the mapping the client's frames, the session's events and the clock, and carries out what
-the mapping asks: server events onto the socket's queue (and into the recording), calls on the
-session and its planner, and client delegation (`delegation.ClientBackend` as the planner's LLM).
-A `DeadlineTimer` sleeps until the mapping's next deadline (fed silence, usage reports).
+It feeds the mapping the client's messages (and, over WebRTC, the user's audio from the track), the
+session's events and the clock, and carries out what the mapping asks: server events onto the runner's
+queue (and into the recording), commands to the session, client delegation (`delegation.ClientBackend`
+as the session's LLM), the client's function calls, Decisions, and what sidebands see. A
+`DeadlineTimer` sleeps until the mapping's next deadline (fed silence, usage reports).
 """
 
 from __future__ import annotations
@@ -11,17 +13,19 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import contextlib
 import json
 import logging
 import time
+from collections.abc import Coroutine
 
-from starlette.websockets import WebSocket
+import numpy as np
 
 from kame.audio import FRAME_S
 from kame.backend.decide import decide
 from kame.backend.llm import LLMError
-from kame.clock import Clock
-from kame.commands import SESSION_COMMANDS, PushAudio, UseLLM
+from kame.clock import wait_for
+from kame.commands import SESSION_COMMANDS, PushAudio, RequestAttempt, UseLLM
 from kame.pcm import pcm16_encode
 from kame.protocol import ProtocolError
 from kame.session import TandemSession
@@ -34,8 +38,8 @@ from server.live.client_events import LiveError
 from server.live.config import LiveFacts
 from server.live.delegation import ClientBackend
 from server.live.mapping import LiveMapping
-from server.services import Services
-from server.transport import Ended, Finished, SocketSession
+from server.live.standby import SpeechDetector
+from server.runner import Finished, Message, SessionRunner
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +51,10 @@ def _pcm16(pcm) -> str:
     return base64.b64encode(pcm16_encode(pcm)).decode()
 
 
-def live_facts(session_id: str, services: Services, tandem: TandemSession, transport: str,
-               events: bool) -> LiveFacts:
+def live_facts(runner: SessionRunner, tandem: TandemSession, transport: str, events: bool) -> LiveFacts:
     """What a Live mapping knows of this server and of its tandem session."""
-    settings, runtime = services.settings, services.runtime
-    return LiveFacts(session_id, {name: profile.model for name, profile in runtime.profiles.items()},
+    settings, runtime = runner.settings, runner.services.runtime
+    return LiveFacts(runner.id, {name: profile.model for name, profile in runtime.profiles.items()},
                      tandem.backend, tandem.system_prompt,
                      settings.max_message_bytes * 4 // 3 + 4096,  # base64 audio of the binary limit
                      int(time.time() + settings.max_session_s), transport, events,
@@ -59,21 +62,98 @@ def live_facts(session_id: str, services: Services, tandem: TandemSession, trans
 
 
 class LiveCarrier:
-    """Carries out a Live mapping's actions on a tandem session, whatever the transport: `send`
-    takes the server events, `play` the assistant's audio where a media track carries it."""
+    """Runs a Live mapping on a tandem session, whatever the link: server events to the runner's queue
+    (those the data channel's `permissions` let through), the assistant's audio to `play` where a media
+    track carries it, the user's audio from one (`hear`), commands to the session, client delegation and
+    function calls, Decisions, and the sidebands watching."""
 
-    def __init__(self, mapping: LiveMapping, tandem: TandemSession, clock: Clock, send, play=None,
-                 record=None, metrics=None) -> None:
-        self.mapping, self.tandem, self.clock = mapping, tandem, clock
-        self._send, self._play, self._record, self._metrics = send, play, record, metrics
+    def __init__(self, runner: SessionRunner, tandem: TandemSession, mapping: LiveMapping, play=None,
+                 permissions=None, vad_session=None) -> None:
+        self.runner, self.mapping, self.tandem, self.clock = runner, mapping, tandem, runner.clock
+        self._play, self.permissions, self._vad_session = play, permissions, vad_session
+        self._detector: SpeechDetector | None = None  # listening for the wake, while paused
         self.backend: ClientBackend | None = None
-        self.timer = DeadlineTimer(clock, mapping.wake_at, self._on_time, f"live session {mapping.facts.session_id}")
+        self.timer = DeadlineTimer(self.clock, mapping.wake_at, self._on_time,
+                                   f"live session {mapping.facts.session_id}")
         self.replay: collections.deque[dict] = collections.deque(maxlen=REPLAY_EVENTS)  # for a sideband attaching
         self.sidebands: set = set()  # `sideband.Sideband`s watching this session
         self._snapshot: dict | None = None  # the latest session.started or .updated
         self._calls: dict[str, asyncio.Future[str]] = {}  # the client's function calls, by call_id
         self._tasks: set[asyncio.Task] = set()  # decisions being made
         self.finished: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+
+    # ---------------------------------------------------------------- the runner's side
+
+    async def greet(self) -> None:
+        """Nothing: the client speaks first (session.start), or the POST started the mapping (WebRTC)."""
+
+    async def on_message(self, message: Message) -> None:
+        text = message if isinstance(message, str) else None
+        if self.permissions is not None and not self.permissions.may_send(_event_type(text)):
+            kind = _event_type(text)
+            raise LiveError("event_not_allowed", f"{kind} is not among this data channel's allowed client events "
+                            "(session.client.data_channel.allowed_client_events).", "type")
+        try:
+            self.mapping.on_client(text, self.clock.now())
+        finally:
+            self.carry_out()
+
+    def refuse(self, exc: Exception) -> None:
+        self.mapping.refuse(exc)
+        self.carry_out()
+
+    def report(self, code: str, message: str) -> None:
+        """A limit or the server's shutdown ends the session: an error, then session.closed."""
+        self.mapping.refuse(LiveError(code, message, kind="server_error"))
+        self.mapping.close("expired" if "limit" in message else "connection_lost", self.clock.now())
+        self.carry_out(finish=False)  # the session is ending already
+
+    async def on_event(self, event: SessionEvent) -> None:
+        self.mapping.on_session(event, self.clock.now())
+        self.observe(event)
+        self.carry_out()
+
+    def tasks(self) -> list[Coroutine]:
+        return [self.timer.run(), self._finished()]
+
+    async def _finished(self) -> None:
+        """A sideband closed the session: it ends here, in the session's own tasks."""
+        raise Finished(*await self.finished)
+
+    async def aclose(self) -> None:
+        for sideband in list(self.sidebands):
+            sideband.end()
+
+    def hear(self, pcm: np.ndarray) -> None:
+        """The user's audio from a media track; while the session is paused, Silero listens for the wake."""
+        if not self.mapping.paused:
+            self._detector = None
+            self.mapping.on_audio(pcm)
+        else:
+            if self._detector is None:
+                self._detector = SpeechDetector(self._vad_session, self.mapping.standby.vad_threshold)
+            self.mapping.on_audio(pcm)  # kept for the wake
+            if self._detector(pcm):
+                self.mapping.wake(self.clock.now())
+        self.carry_out()
+
+    def steer(self, text: str | None, sideband) -> None:
+        """A sideband's event: it acts on the session as the client's would; its errors go to it alone."""
+        try:
+            self.mapping.on_client(text, self.clock.now(), sideband=True)
+        except ProtocolError as exc:
+            if not isinstance(exc, LiveError):
+                exc = LiveError("invalid_request", str(exc))
+            sideband.put(self.mapping.outbox.error_event(exc), False)
+        finally:
+            self.carry_out(finish=False)
+
+    def send_event(self, event: dict, droppable: bool) -> None:
+        """A server event for the client (where the data channel's permissions let it through)."""
+        if self.permissions is None or self.permissions.may_get(event):
+            self.runner.send(json.dumps(event), droppable)
+
+    # ---------------------------------------------------------------- carrying out
 
     def _on_time(self, now: float) -> None:
         self.mapping.on_time(now)
@@ -88,11 +168,11 @@ class LiveCarrier:
                 case act.Send(event=event, droppable=droppable):
                     if not droppable:  # audio deltas reach sidebands from `observe`, timed and as PCM16
                         self._reflect(event)
-                    if self._record is not None and not droppable:
-                        self._record({"live": event})
-                    if self._metrics is not None and event["type"] == "session.delegation.created":
-                        self._metrics.delegations.labels(event["delegation"]["target"]).inc()
-                    self._send(event, droppable)
+                    if not droppable:
+                        self.runner.record({"live": event})
+                    if event["type"] == "session.delegation.created":
+                        self.runner.services.metrics.delegations.labels(event["delegation"]["target"]).inc()
+                    self.send_event(event, droppable)
                 case command if isinstance(command, SESSION_COMMANDS):
                     tandem.apply(command)
                     if isinstance(command, PushAudio) and self.sidebands:  # the user's audio, reflected
@@ -112,7 +192,7 @@ class LiveCarrier:
                     self._spawn(self._decide(action), "decide")
                 case act.Commentary(delegation_id=delegation_id, text=text):
                     if not self.backend.commentary(delegation_id, text):
-                        tandem.request_attempt()  # no delegation open: one starts with it
+                        tandem.apply(RequestAttempt())  # no delegation open: one starts with it
                 case act.Play(pcm=pcm, frame=frame):
                     if self._play is not None:
                         self._play(pcm, frame)
@@ -132,7 +212,7 @@ class LiveCarrier:
         waiting = self._calls[call_id] = asyncio.get_running_loop().create_future()
         outcome = "cancelled"
         try:
-            output = await asyncio.wait_for(waiting, self.mapping.facts.tool_timeout_s)
+            output = await wait_for(self.clock, waiting, self.mapping.facts.tool_timeout_s)
             outcome = "answered"
             return output
         except TimeoutError:
@@ -189,79 +269,9 @@ class LiveCarrier:
         self.carry_out()
 
 
-class LiveSession(SocketSession):
-    transport = "live"
-
-    def __init__(self, ws: WebSocket, services: Services, events: bool = False, clock: Clock | None = None) -> None:
-        super().__init__(ws, services, clock)
-        self.events = events
-        self.mapping: LiveMapping | None = None
-        self.carrier: LiveCarrier | None = None
-
-    async def open(self) -> TandemSession:
-        return await self.open_tandem(self.settings.session_config(stats_interval_s=None))
-
-    # ---------------------------------------------------------------- SocketSession's hooks
-
-    async def _greet(self, tandem: TandemSession) -> None:
-        """Nothing is sent before the client's session.start."""
-        self.mapping = LiveMapping(live_facts(self.id, self.services, tandem, "websocket", self.events))
-        record = self._recorder.write_event if self._recorder is not None else None
-        self.carrier = LiveCarrier(self.mapping, tandem, self.clock, self._enqueue, record=record,
-                                   metrics=self.services.metrics)
-
-    def _enqueue(self, event: dict, droppable: bool) -> None:
-        self._send.put(json.dumps(event), droppable=droppable)
-
-    async def _on_message(self, message: dict, tandem: TandemSession) -> None:
-        try:
-            self.mapping.on_client(message.get("text"), self.clock.now())
-        finally:
-            self.carrier.carry_out()
-
-    def _bad_message(self, exc: Exception) -> None:
-        self.mapping.refuse(exc)
-        self.carrier.carry_out()
-
-    def _report(self, code: str, message: str) -> None:
-        """A limit or the server's shutdown ends the session: an error, then session.closed."""
-        if self.mapping is None:
-            return
-        self.mapping.refuse(LiveError(code, message, kind="server_error"))
-        self.mapping.close("expired" if "limit" in message else "connection_lost", self.clock.now())
-        self.carrier.carry_out(finish=False)  # the session is ending already
-
-    async def _forward(self, tandem: TandemSession) -> None:
-        async for event in tandem:
-            self.mapping.on_session(event, self.clock.now())
-            self.carrier.observe(event)
-            if isinstance(event, AssistantAudio):
-                self._count_dropped(tandem)
-            self.carrier.carry_out()
-        raise Ended("the session ended")
-
-    def _extra_tasks(self, tandem: TandemSession) -> list:
-        return [self.carrier.timer.run(), self._finished()]
-
-    async def _finished(self) -> None:
-        """A sideband closed the session: it ends here, in the session's own tasks."""
-        raise Finished(*await self.carrier.finished)
-
-    async def run(self, tandem: TandemSession) -> None:
-        try:
-            await super().run(tandem)
-        finally:
-            if self.carrier is not None:
-                for sideband in list(self.carrier.sidebands):
-                    sideband.end()
-
-    def steer(self, text: str | None, sideband) -> None:
-        """A sideband's event: it acts on the session as the client's would; its errors go to it alone."""
-        try:
-            self.mapping.on_client(text, self.clock.now(), sideband=True)
-        except ProtocolError as exc:
-            if not isinstance(exc, LiveError):
-                exc = LiveError("invalid_request", str(exc))
-            sideband.put(self.mapping.outbox.error_event(exc), False)
-        finally:
-            self.carrier.carry_out(finish=False)
+def _event_type(text: str | None) -> object:
+    """A data channel message's `type`, for the permission check (None when it has none: the
+    mapping refuses such a message as usual)."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        return json.loads(text).get("type")
+    return None

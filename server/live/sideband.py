@@ -20,8 +20,8 @@ from starlette.websockets import WebSocket
 
 from kame.queues import DropOldestQueue
 from server.access import AccessControl, Refusal
-from server.live.adapter import LiveSession
-from server.transport import CLOSED
+from server.live.adapter import LiveCarrier
+from server.runner import CLOSED, SessionRunner
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +40,9 @@ class Sideband:
         self.ended.set()
 
 
-def find(sessions: set, session_id: str) -> LiveSession | None:
-    return next((s for s in sessions if isinstance(s, LiveSession) and s.id == session_id
-                 and s.carrier is not None), None)
+def find(sessions: set, session_id: str) -> SessionRunner | None:
+    """The running Live session (over either link) with this id."""
+    return next((s for s in sessions if s.id == session_id and isinstance(s.carrier, LiveCarrier)), None)
 
 
 async def attach(ws: WebSocket, session_id: str, sessions: set, access: AccessControl, capacity: int) -> None:
@@ -78,10 +78,10 @@ async def attach(ws: WebSocket, session_id: str, sessions: set, access: AccessCo
             await ws.close(1000, "the session ended" if band.ended.is_set() else "detached")
 
 
-async def _read(ws: WebSocket, live: LiveSession, band: Sideband) -> None:
+async def _read(ws: WebSocket, live: SessionRunner, band: Sideband) -> None:
     with contextlib.suppress(*CLOSED):
         while (message := await ws.receive())["type"] != "websocket.disconnect":
-            live.steer(message.get("text"), band)
+            live.carrier.steer(message.get("text"), band)
 
 
 async def _write(ws: WebSocket, band: Sideband) -> None:

@@ -1,50 +1,36 @@
-"""The WebRTC side of `/v1/live/sessions`: a POST with the client's SDP offer starts a Live session
-on one aiortc peer connection; the `oai-events` data channel carries the Live events both ways and
-one sendrecv Opus track the audio (48 kHz on the wire, 24 kHz in the session).
-
-Only frames move here: the mapping, `LiveCarrier` and the session's tasks, limits and closing are
-the WebSocket adapter's (`adapter.LiveSession`), with the data channel in place of the socket.
+"""GPT-Live over WebRTC (`POST /v1/live/sessions`): the client's SDP offer starts a Live session on one
+aiortc peer connection (`rtc_link.WebRTCLink`: the `oai-events` data channel and one Opus track), run
+by the same runner and carrier as over a WebSocket (`server/runner.py`, `adapter.LiveCarrier`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 
-import av
-import numpy as np
-from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import MediaStreamError
 from openai.types.live import DataChannelConfig, SessionConfig
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from kame.asr.vad import silero_session
-from kame.audio import SAMPLE_RATE
 from kame.clock import Clock
 from kame.errors import EngineError, SessionError
-from kame.pcm import Resampler
-from kame.rtc import OpusInput, receive_opus, send_cheaply
-from kame.session import TandemSession
 from server.access import AccessControl, Refusal
 from server.http_errors import error_response
-from server.live.adapter import LiveCarrier, LiveSession, live_facts
-from server.live.assistant_track import AssistantTrack
+from server.live.adapter import LiveCarrier, live_facts
 from server.live.client_events import LiveError, invalid, unknown_parameter
 from server.live.mapping import LiveMapping
-from server.live.standby import DEFAULT_VAD_THRESHOLD, SpeechDetector
+from server.live.rtc_link import WebRTCLink
+from server.live.standby import DEFAULT_VAD_THRESHOLD
+from server.runner import SessionRunner
 from server.services import Services
-from server.transport import CLOSE_LIMIT_S, Disconnected, Limit
 
 logger = logging.getLogger(__name__)
 
-EVENTS_LABEL = "oai-events"  # the data channel the client creates
 MEDIA_ONLY = ("idle_timeout_s", "wake_policy")  # WebRTC's additions to SessionConfig (standby)
 WAKE_POLICY_KEYS = {"type", "vad_threshold"}
-SENT_GRACE_S = 0.1  # after SCTP took the last message, before the peer connection closes (unacked)
 
 
 class ChannelPermissions:
@@ -67,221 +53,7 @@ class ChannelPermissions:
         return (event["type"], nested) in self.gets
 
 
-class WebRTCSession(LiveSession):
-    """One Live session on one peer connection; `answer` starts it, `run` serves it until the peer
-    goes, `session.close` or a limit."""
-
-    transport = "live-webrtc"
-
-    def __init__(self, services: Services, config: SessionConfig, events: bool = False,
-                 clock: Clock | None = None, timing: bool = False, media: dict | None = None) -> None:
-        super().__init__(None, services, events, clock)
-        self.config = config
-        self.media = media or {}  # idle_timeout_s, wake_policy
-        self._vad_session = None  # Silero's, where the session may pause
-        self._detector: SpeechDetector | None = None  # listening for the wake, while paused
-        self.permissions = ChannelPermissions(config.client.data_channel if config.client else None)
-        send_cheaply()
-        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # host candidates: no STUN round trip
-        self.track = AssistantTrack(self._frame_sent if timing else None)
-        self._inbox: asyncio.Queue[str | bytes | None] = asyncio.Queue()  # None: the peer has gone
-        self._channel = None
-        self._channel_open = asyncio.Event()
-        self._remote: MediaStreamTrack | None = None
-        self._opus: OpusInput | None = None  # the user's audio, decoded as it arrives (`answer`)
-        self.task: asyncio.Task | None = None  # `run`, started by the POST
-        self.answer_sdp = ""
-        self._pc_closing: asyncio.Task | None = None
-
-    async def answer(self, offer: str, tandem: TandemSession) -> str:
-        """Start the session (LiveError) and answer the client's offer (LiveError for a bad one)."""
-        self.mapping = LiveMapping(live_facts(self.id, self.services, tandem, "webrtc", self.events))
-        record = self._recorder.write_event if self._recorder is not None else None
-        self.carrier = LiveCarrier(self.mapping, tandem, self.clock, self._enqueue, self.track.play, record,
-                                   self.services.metrics)
-        self.mapping.start(self.config, self.clock.now())
-        wake = self.media.get("wake_policy") or {}
-        self.mapping.stand_by(self.media.get("idle_timeout_s"), wake.get("vad_threshold"), self.clock.now())
-        if self.mapping.standby is not None:
-            self._vad_session = await asyncio.to_thread(silero_session)
-        self.carrier.carry_out()
-        self.pc.on("datachannel", self._on_channel)
-        self.pc.on("track", self._on_track)
-        self.pc.on("connectionstatechange", self._on_state)
-        try:
-            await self.pc.setRemoteDescription(RTCSessionDescription(offer, "offer"))
-        except (ValueError, KeyError, IndexError) as exc:
-            raise LiveError("invalid_sdp", f"The SDP offer cannot be read: {exc}", "transport.sdp") from exc
-        kinds = {t.kind for t in self.pc.getTransceivers()}
-        if "audio" not in kinds or self.pc.sctp is None:
-            raise LiveError("invalid_sdp", "The offer needs one audio track and a data channel.", "transport.sdp")
-        self.pc.addTrack(self.track)
-        await self.pc.setLocalDescription(await self.pc.createAnswer())
-        audio = next(t for t in self.pc.getTransceivers() if t.kind == "audio")
-        self._opus = receive_opus(audio, name=f"opus-in-{self.id}")
-        return self.pc.localDescription.sdp
-
-    async def abandon(self, tandem: TandemSession) -> None:
-        """The POST failed after the slot was taken: give everything back."""
-        await tandem.aclose()
-        await self.close_peer()
-        await self.discard_recording()
-
-    async def run(self, tandem: TandemSession) -> None:
-        try:
-            await super().run(tandem)
-        finally:
-            await self.close_peer()
-
-    async def close_peer(self) -> None:
-        """Close the peer connection, once, waiting at most CLOSE_LIMIT_S. The close runs in a task of
-        its own and is never cut short: aiortc's `close`, once interrupted, makes every later call wait
-        forever (and this session's task with it, holding its place among the server's sessions)."""
-        if self._opus is not None:
-            self._opus.close()
-        if self._pc_closing is None:
-            self._pc_closing = asyncio.get_running_loop().create_task(self.pc.close(), name=f"pc-close-{self.id}")
-        try:
-            async with asyncio.timeout(CLOSE_LIMIT_S):
-                await asyncio.shield(self._pc_closing)
-        except TimeoutError:
-            logger.warning("session %s: the peer connection did not close within %.0f s", self.id, CLOSE_LIMIT_S)
-        except Exception:  # closing is the last thing done: log it, end anyway
-            logger.exception("session %s: closing the peer connection failed", self.id)
-
-    # ---------------------------------------------------------------- the peer connection's events
-
-    def _on_channel(self, channel) -> None:
-        if channel.label != EVENTS_LABEL or self._channel is not None:
-            logger.info("session %s: data channel %r ignored", self.id, channel.label)
-            return
-        self._channel = channel
-        channel.on("message", self._inbox.put_nowait)
-        channel.on("close", lambda: self._inbox.put_nowait(None))
-        if channel.readyState == "open":
-            self._channel_open.set()
-        else:
-            channel.on("open", self._channel_open.set)
-
-    def _on_track(self, track: MediaStreamTrack) -> None:
-        if track.kind == "audio" and self._remote is None:
-            self._remote = track
-
-    def _on_state(self) -> None:
-        if self.pc.connectionState in ("failed", "closed"):
-            self._inbox.put_nowait(None)
-
-    def _frame_sent(self, frame: int, packet: int) -> None:
-        """With `?kame_timing=1`: which RTP packet of the track (its index, from 0) carried the start of each
-        of the session's frames, so that a client can time the audio of each frame (the bench)."""
-        if self.mapping is not None:
-            self._enqueue(self.mapping.outbox.event("kame.output_audio.sent", frame=frame, packet=packet), True)
-
-    # ---------------------------------------------------------------- LiveSession's hooks, over WebRTC
-
-    async def _greet(self, tandem: TandemSession) -> None:
-        """The mapping started with the POST (`answer`); session.started waits for the channel."""
-
-    def _extra_tasks(self, tandem: TandemSession) -> list:
-        return [*super()._extra_tasks(tandem), self._listen()]
-
-    def _enqueue(self, event: dict, droppable: bool) -> None:
-        if self.permissions.may_get(event):
-            super()._enqueue(event, droppable)
-
-    async def _on_message(self, message: dict, tandem: TandemSession) -> None:
-        kind = _event_type(message.get("text"))
-        if not self.permissions.may_send(kind):
-            raise LiveError("event_not_allowed", f"{kind} is not among this data channel's allowed client events "
-                            "(session.client.data_channel.allowed_client_events).", "type")
-        await super()._on_message(message, tandem)
-
-    async def _next_message(self) -> dict:
-        """The data channel's next message: no idle limit (the audio comes on the track)."""
-        message = await self._inbox.get()
-        if message is None:
-            raise Disconnected
-        return {"text": message} if isinstance(message, str) else {"bytes": message}
-
-    async def _listen(self) -> None:
-        """The user's audio as 24 kHz mono float32 for the mapping: from `OpusInput` as each packet
-        decodes, or (another codec) from aiortc's track."""
-        if self._opus is not None:
-            while (pcm := await self._opus.frames.get()) is not None:
-                self._hear(pcm)
-            return
-        if self._remote is None:
-            return
-        mono, resample = None, None  # PyAV to float mono at the codec's rate, then kame/pcm.py's resampler
-        while True:
-            try:
-                frame = await self._remote.recv()
-            except MediaStreamError as exc:
-                raise Disconnected from exc
-            if resample is None:
-                mono = av.AudioResampler(format="flt", layout="mono", rate=frame.sample_rate)
-                resample = Resampler(frame.sample_rate, SAMPLE_RATE)
-            for out in mono.resample(frame):
-                self._hear(resample(out.to_ndarray().reshape(-1)))
-
-    def _hear(self, pcm: np.ndarray) -> None:
-        """The user's audio to the mapping; while the session is paused, Silero listens for the wake."""
-        if not self.mapping.paused:
-            self._detector = None
-            self.mapping.on_audio(pcm)
-        else:
-            if self._detector is None:
-                self._detector = SpeechDetector(self._vad_session, self.mapping.standby.vad_threshold)
-            self.mapping.on_audio(pcm)  # kept for the wake
-            if self._detector(pcm):
-                self.mapping.wake(self.clock.now())
-        self.carrier.carry_out()
-
-    async def _sender(self) -> None:
-        try:
-            async with asyncio.timeout(self.settings.idle_timeout_s):
-                await self._channel_open.wait()
-        except TimeoutError as exc:
-            raise Limit(1001, f"no data channel {EVENTS_LABEL!r} after {self.settings.idle_timeout_s:.0f} s") from exc
-        while True:
-            await self._send_now(await self._send.get())
-
-    async def _send_now(self, message: bytes | str) -> None:
-        if self._channel.readyState != "open":
-            raise Disconnected
-        self._channel.send(message)
-
-    async def _flush_then_close(self, code: int, reason: str, limit_s: float = 1.0) -> None:
-        """What is queued (session.closed above all) goes out before the peer connection closes."""
-        channel = self._channel
-        if channel is not None and channel.readyState == "open":
-            while len(self._send):
-                channel.send(self._send.get_nowait())
-            sent = asyncio.Event()
-            if channel.bufferedAmount:
-                channel.once("bufferedamountlow", sent.set)  # fired as the amount reaches 0
-            else:
-                sent.set()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(limit_s):
-                    await sent.wait()
-                    await asyncio.sleep(SENT_GRACE_S)
-        await self._hang_up(code, reason)
-
-    async def _close(self, code: int, reason: str) -> None:
-        logger.info("session %s: closing the peer connection (%d %s)", self.id, code, reason)
-        await self.close_peer()
-
-
 # -------------------------------------------------------------------- the POST's body
-
-
-def _event_type(text: str | None) -> object:
-    """A data channel message's `type`, for the permission check (None when it has none: the
-    mapping refuses such a message as usual)."""
-    with contextlib.suppress(ValueError, TypeError, AttributeError):
-        return json.loads(text).get("type")
-    return None
 
 
 def parse_offer(raw: object) -> tuple[SessionConfig, str, dict]:
@@ -387,11 +159,67 @@ async def create(request: Request, services: Services, access: AccessControl, se
     except BaseException:
         access.leave(request)
         raise
-    sessions.add(session)
-    session.task.add_done_callback(lambda _: (sessions.discard(session), access.leave(request)))
-    body = {"session": session.mapping.config.resource(session.mapping.facts),
+    sessions.add(session.runner)
+    session.task.add_done_callback(lambda _: (sessions.discard(session.runner), access.leave(request)))
+    mapping = session.carrier.mapping
+    body = {"session": mapping.config.resource(mapping.facts),
             "transport": {"type": "webrtc", "sdp": session.answer_sdp}}
     return JSONResponse(body, headers=cors)
+
+
+class WebRTCSession:
+    """One Live session on one peer connection: the runner, its link and its carrier; `task` runs it."""
+
+    def __init__(self, runner: SessionRunner, link: WebRTCLink, carrier: LiveCarrier, answer_sdp: str) -> None:
+        self.runner, self.link, self.carrier, self.answer_sdp = runner, link, carrier, answer_sdp
+        self.task: asyncio.Task | None = None
+
+
+async def start(services: Services, config: SessionConfig, offer: str, media: dict, events: bool = False,
+                timing: bool = False, clock: Clock | None = None) -> WebRTCSession:
+    """Take a slot, start the mapping and answer the offer; the caller runs `runner.run` (LiveError,
+    EngineError; everything is given back on a failure)."""
+    link = WebRTCLink(timing)
+    runner = SessionRunner(services, link, "live-webrtc", clock)
+    link.name = runner.id
+    try:
+        tandem = await runner.open(services.settings.session_config(stats_interval_s=None))
+    except SessionError as exc:
+        await link.close_peer()
+        raise LiveError("invalid_request", str(exc)) from exc
+    except BaseException:
+        await link.close_peer()
+        raise
+    try:
+        mapping = LiveMapping(live_facts(runner, tandem, "webrtc", events))
+        permissions = ChannelPermissions(config.client.data_channel if config.client else None)
+        mapping.start(config, runner.clock.now())
+        wake = media.get("wake_policy") or {}
+        mapping.stand_by(media.get("idle_timeout_s"), wake.get("vad_threshold"), runner.clock.now())
+        vad = await asyncio.to_thread(silero_session) if mapping.standby is not None else None
+        carrier = LiveCarrier(runner, tandem, mapping, link.track.play, permissions, vad)
+        link.hear = carrier.hear
+        # with ?kame_timing=1: which RTP packet of the track (from 0) carried the start of each of the session's
+        # frames, so that a client can time the audio of each frame (the bench)
+        link.frame_sent = lambda frame, packet: carrier.send_event(
+            mapping.outbox.event("kame.output_audio.sent", frame=frame, packet=packet), True)
+        carrier.carry_out()
+        answer_sdp = await link.answer(offer)
+    except BaseException:  # the POST failed after the slot was taken: give everything back
+        await tandem.aclose()
+        await link.close_peer()
+        await runner.discard_recording()
+        raise
+    session = WebRTCSession(runner, link, carrier, answer_sdp)
+    session.task = asyncio.get_running_loop().create_task(_run(session, tandem), name=f"live-webrtc-{runner.id}")
+    return session
+
+
+async def _run(session: WebRTCSession, tandem) -> None:
+    try:
+        await session.runner.run(tandem, session.carrier)
+    finally:
+        await session.link.close_peer()
 
 
 async def _start(request: Request, services: Services) -> WebRTCSession:
@@ -399,19 +227,4 @@ async def _start(request: Request, services: Services) -> WebRTCSession:
     config, offer, media = parse_offer(await read_body(request, settings.max_message_bytes * 4 // 3 + 4096))
     flag = {name: request.query_params.get(name, "").lower() in ("1", "true")
             for name in ("kame_events", "kame_timing")}
-    session = WebRTCSession(services, config, flag["kame_events"], timing=flag["kame_timing"], media=media)
-    try:
-        tandem = await session.open()
-    except SessionError as exc:
-        await session.close_peer()
-        raise LiveError("invalid_request", str(exc)) from exc
-    except BaseException:
-        await session.close_peer()
-        raise
-    try:
-        session.answer_sdp = await session.answer(offer, tandem)
-    except BaseException:
-        await session.abandon(tandem)
-        raise
-    session.task = asyncio.get_running_loop().create_task(session.run(tandem), name=f"live-webrtc-{session.id}")
-    return session
+    return await start(services, config, offer, media, flag["kame_events"], flag["kame_timing"])

@@ -14,11 +14,11 @@ become function calls the backend LLM may make. docs/realtime.md has the whole m
       conversation.py   the items, the user's turns from the ASR
       outbox.py         numbered server events (beta names), in order with the session calls
     actions.py        what the mapping asks for
-    adapter.py        the websocket session that runs a mapping
+    adapter.py        the carrier that runs a mapping on a session (server/runner.py)
 """
 
-from server.realtime.adapter import RealtimeSession
+from server.realtime.adapter import RealtimeCarrier
 from server.realtime.client_events import RealtimeError
 from server.realtime.mapping import RealtimeMapping
 
-__all__ = ["RealtimeError", "RealtimeMapping", "RealtimeSession"]
+__all__ = ["RealtimeCarrier", "RealtimeError", "RealtimeMapping"]

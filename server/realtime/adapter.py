@@ -1,7 +1,7 @@
-"""The websocket side of `/v1/realtime`: runs a `RealtimeMapping` over one tandem session.
+"""`/v1/realtime`'s carrier: runs a `RealtimeMapping` over one tandem session.
 
-It feeds the mapping the client's frames, the session's events and the clock, and carries out
-what the mapping asks: server events onto the socket's queue (and into the recording), calls on
+It feeds the mapping the client's messages, the session's events and the clock, and carries out
+what the mapping asks: server events onto the runner's queue (and into the recording), commands to
 the session, and the client-function bridge (the LLM's call waits on a future that the client's
 output resolves). A `DeadlineTimer` sleeps until the mapping's next deadline.
 """
@@ -11,89 +11,75 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Coroutine
 
-from starlette.websockets import WebSocket
-
-from kame.clock import Clock
+from kame.clock import wait_for
 from kame.commands import SESSION_COMMANDS
 from kame.session import TandemSession
-from kame.session_events import AssistantAudio
+from kame.session_events import SessionEvent
 from kame.tools.base import ToolError, ToolLimits, ToolSpec
 from kame.tools.client_tool import ClientTool
 from server.deadline import DeadlineTimer
 from server.realtime import actions as act
 from server.realtime.config import SessionFacts
 from server.realtime.mapping import RealtimeMapping
-from server.services import Services
-from server.transport import Ended, SocketSession
+from server.runner import Ended, Message, SessionRunner
 
 logger = logging.getLogger(__name__)
 
 
-class RealtimeSession(SocketSession):
-    transport = "realtime"
+def subprotocol(offered: list[str]) -> str | None:
+    """Browsers cannot set headers: OpenAI's browser clients offer the "realtime" subprotocol (and their
+    key as another one, which server/access.py reads)."""
+    return "realtime" if "realtime" in offered else None
 
-    def __init__(self, ws: WebSocket, services: Services, model: str, beta: bool, clock: Clock | None = None) -> None:
-        super().__init__(ws, services, clock)
-        self.model, self.beta = model, beta
-        # browsers cannot set headers: OpenAI's browser clients offer the "realtime" subprotocol (and
-        # their key as another one, which server/access.py reads)
-        if ws is not None and "realtime" in ws.scope.get("subprotocols", []):
-            self.subprotocol = "realtime"
-        self.mapping: RealtimeMapping | None = None
-        self._tandem: TandemSession | None = None
+
+def realtime_facts(runner: SessionRunner, tandem: TandemSession) -> SessionFacts:
+    settings, runtime = runner.settings, runner.services.runtime
+    whisper = settings.whisper
+    server_vad = {"type": "server_vad", "threshold": whisper.vad_threshold, "prefix_padding_ms": 300,
+                  "silence_duration_ms": int(whisper.min_silence_s * 1000), "create_response": True,
+                  "interrupt_response": True, "idle_timeout_ms": None}
+    return SessionFacts(runner.id, runtime.frontend.source, runtime.asr.name, tuple(runtime.profiles),
+                        tandem.backend, tandem.system_prompt, server_vad, settings.realtime,
+                        settings.max_message_bytes * 4 // 3 + 4096,  # base64 audio of the binary limit
+                        settings.echo_options())
+
+
+class RealtimeCarrier:
+    def __init__(self, runner: SessionRunner, tandem: TandemSession, model: str, beta: bool) -> None:
+        self.runner, self.tandem, self.clock = runner, tandem, runner.clock
+        self.mapping = RealtimeMapping(realtime_facts(runner, tandem), model, beta, self.clock.now())
         self._calls: dict[str, asyncio.Future[str]] = {}  # function calls waiting for the client's output
-        self._timer: DeadlineTimer | None = None
+        self._timer = DeadlineTimer(self.clock, self.mapping.wake_at, self._on_time, f"session {runner.id}")
 
-    def facts(self, tandem: TandemSession) -> SessionFacts:
-        settings, runtime = self.settings, self.services.runtime
-        whisper = settings.whisper
-        server_vad = {"type": "server_vad", "threshold": whisper.vad_threshold, "prefix_padding_ms": 300,
-                      "silence_duration_ms": int(whisper.min_silence_s * 1000), "create_response": True,
-                      "interrupt_response": True, "idle_timeout_ms": None}
-        return SessionFacts(self.id, runtime.frontend.source, runtime.asr.name, tuple(runtime.profiles),
-                            tandem.backend, tandem.system_prompt, server_vad, settings.realtime,
-                            settings.max_message_bytes * 4 // 3 + 4096,  # base64 audio of the binary limit
-                            settings.echo_options())
-
-    async def open(self) -> TandemSession:
-        config = self.settings.session_config(stats_interval_s=None)
-        return await self.open_tandem(config)
-
-    # ---------------------------------------------------------------- SocketSession's hooks
-
-    async def _greet(self, tandem: TandemSession) -> None:
-        self._tandem = tandem
-        self.mapping = RealtimeMapping(self.facts(tandem), self.model, self.beta, self.clock.now())
+    async def greet(self) -> None:
         self.mapping.greet()
-        self._timer = DeadlineTimer(self.clock, self.mapping.wake_at, self._on_time, f"session {self.id}")
         self._carry_out()
 
-    async def _on_message(self, message: dict, tandem: TandemSession) -> None:
+    async def on_message(self, message: Message) -> None:
         try:
-            self.mapping.on_client(message.get("text"), self.clock.now())
+            self.mapping.on_client(message if isinstance(message, str) else None, self.clock.now())
         finally:
             self._carry_out()
 
-    def _bad_message(self, exc: Exception) -> None:
+    def refuse(self, exc: Exception) -> None:
         self.mapping.refuse(exc)
         self._carry_out()
 
-    def _report(self, code: str, message: str) -> None:
-        if self.mapping is not None:
-            self.mapping.outbox.error(code, message)
-            self._carry_out()
+    def report(self, code: str, message: str) -> None:
+        self.mapping.outbox.error(code, message)
+        self._carry_out()
 
-    async def _forward(self, tandem: TandemSession) -> None:
-        async for event in tandem:
-            self.mapping.on_session(event, self.clock.now())
-            if isinstance(event, AssistantAudio):
-                self._count_dropped(tandem)
-            self._carry_out()
-        raise Ended("the session ended")
+    async def on_event(self, event: SessionEvent) -> None:
+        self.mapping.on_session(event, self.clock.now())
+        self._carry_out()
 
-    def _extra_tasks(self, tandem: TandemSession) -> list:
+    def tasks(self) -> list[Coroutine]:
         return [self._timer.run()]
+
+    async def aclose(self) -> None:
+        pass
 
     def _on_time(self, now: float) -> None:
         self.mapping.on_time(now)
@@ -102,17 +88,17 @@ class RealtimeSession(SocketSession):
     # ---------------------------------------------------------------- carrying out
 
     def _carry_out(self) -> None:
-        tandem = self._tandem
+        tandem = self.tandem
         for action in self.mapping.take():
             match action:
                 case act.Send(event=event, droppable=droppable):
-                    if self._recorder is not None and not droppable:
-                        self._recorder.write_event({"realtime": event})
-                    self._send.put(json.dumps(event), droppable=droppable)
+                    if not droppable:
+                        self.runner.record({"realtime": event})
+                    self.runner.send(json.dumps(event), droppable)
                 case command if isinstance(command, SESSION_COMMANDS):
                     tandem.apply(command)
                 case act.Flush(token=token):
-                    self._spawn(self._flush(token), "flush")
+                    self.runner.spawn(self._flush(token), "flush")
                 case act.SetClientTools(specs=specs, timeout_s=timeout_s):
                     self._set_tools(tandem, specs, timeout_s)
                 case act.AnswerCall(call_id=call_id, output=output):
@@ -128,10 +114,10 @@ class RealtimeSession(SocketSession):
         tandem.set_client_tools(tools)
         if tools and not tandem.tools_on:  # no error event: frameworks end their session on one
             logger.info("session %s: %d tools stored; backend %s calls no tools, so it answers without them",
-                        self.id, len(tools), tandem.backend)
+                        self.runner.id, len(tools), tandem.backend)
 
     async def _flush(self, token: str) -> None:
-        await self._tandem.flush()
+        await self.tandem.flush()
         self.mapping.on_flushed(token, self.clock.now())
         self._carry_out()
 
@@ -147,9 +133,9 @@ class RealtimeSession(SocketSession):
         self._carry_out()
         waiting = self._calls[call_id] = asyncio.get_running_loop().create_future()
         answered = False
-        timeout_s = self.settings.realtime.tool_timeout_s
+        timeout_s = self.runner.settings.realtime.tool_timeout_s
         try:
-            output = await asyncio.wait_for(waiting, timeout_s)
+            output = await wait_for(self.clock, waiting, timeout_s)
             answered = True
             return output
         except TimeoutError:
