@@ -38,7 +38,9 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
+
+from pydantic import Field
 
 from kame.asr.events import FinalTranscript, PartialTranscript, TranscriptEvent
 from kame.backend.attempts import AttemptRecord, PlannerEvent, Stream, Streams, knowledge_event, tool_event
@@ -80,20 +82,26 @@ class KnowledgeSource(Protocol):
 
 @dataclass(frozen=True)
 class PlannerConfig:
-    min_new_words: int = 2  # start again when the partial grew by this many words
+    """The planner's policy; also the schema of the server's [planner] table (server/settings.py), so each
+    field's bounds are written here, where its default is."""
+
+    min_new_words: Annotated[int, Field(ge=1)] = 2  # start again when the partial grew by this many words
     restart_on_final: bool = True  # always start on a final transcript
-    max_restarts: int = 5  # at most this many starts ...
-    restart_window_s: float = 2.0  # ... per this many seconds
-    backoff_initial_s: float = 0.5  # wait after a failed attempt, doubled per failure in a row
-    backoff_max_s: float = 10.0
-    max_concurrent_streams: int = 4  # LLM streams running at once; 1: each start cancels the last
+    max_restarts: Annotated[int, Field(ge=1)] = 5  # at most this many starts ...
+    restart_window_s: Annotated[float, Field(gt=0)] = 2.0  # ... per this many seconds
+    backoff_initial_s: Annotated[float, Field(ge=0)] = 0.5  # wait after a failed attempt, doubled per failure in a row
+    backoff_max_s: Annotated[float, Field(ge=0)] = 10.0
+    # LLM streams running at once; 1: each start cancels the last
+    max_concurrent_streams: Annotated[int, Field(ge=1)] = 4
     keep_agreeing_oracle: bool = True  # a new owner repeating the oracle extends it (no reset)
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT
-    max_history_turns: int = 20  # conversation turns kept in the prompt
-    max_tool_rounds: int = 3  # tool-call rounds per attempt; the round after the last offers no tools
-    knowledge_limit: int = 4  # passages retrieved per attempt ...
-    knowledge_budget_tokens: int = 400  # ... within about this many tokens
-    backchannel_window_s: float = 1.5  # "mm-hm" this soon after the assistant's last words is no turn; 0: off
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT  # a setting of its own (`system_prompt`), not in [planner]
+    max_history_turns: Annotated[int, Field(ge=1, le=1000)] = 20  # conversation turns kept in the prompt
+    # tool-call rounds per attempt; the round after the last offers no tools
+    max_tool_rounds: Annotated[int, Field(ge=1, le=10)] = 3
+    knowledge_limit: int = 4  # passages retrieved per attempt ... ([knowledge] limit)
+    knowledge_budget_tokens: int = 400  # ... within about this many tokens ([knowledge] budget_tokens)
+    # "mm-hm" this soon after the assistant's last words is no turn; 0: off
+    backchannel_window_s: Annotated[float, Field(ge=0, le=10)] = 1.5
 
 
 class Planner:
