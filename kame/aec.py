@@ -11,8 +11,10 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
+from pydantic import Field
 
 from kame.audio import SAMPLE_RATE
 from kame.errors import KameError
@@ -29,11 +31,13 @@ class EchoCancellerUnavailable(KameError):
 
 @dataclass(frozen=True)
 class EchoOptions:
-    """Echo cancellation on the server: the schema of `[echo]` (server/settings.py reads these defaults)."""
+    """Echo cancellation on the server: the schema of `[echo]` (server/settings.py builds it from these fields)."""
 
     telephone: bool = True  # cancel the echo of telephone sessions (G.711 both ways: audio/pcmu, audio/pcma)
-    delay_ms: int | None = None  # hint: played-to-heard delay in ms; None: AEC3 estimates it from the audio
-    max_reference_s: float = 2.0  # played audio no input has matched yet is kept this long, then dropped
+    # hint: played-to-heard delay in ms; None: AEC3 estimates it from the audio
+    delay_ms: Annotated[int | None, Field(ge=0, le=1000)] = None
+    # played audio no input has matched yet is kept this long, then dropped
+    max_reference_s: Annotated[float, Field(ge=0.1, le=10)] = 2.0
 
 
 def _rtc():

@@ -8,15 +8,14 @@ import logging
 import sys
 
 from kame.errors import KameError
+from kame.flags import add_device_flag, add_frontend_flag
 from kame.training.cli import register_data
 from kame.training.train_cli import register_train
 
 
 def _add_frontend_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--frontend", default=None,
-                        help="preset (tiny, tiny-copy, moshi-7b-random), local directory, or HF repo id "
-                             "(default: SakanaAI/kame with a GPU, the tiny-copy demo without, as kame serve)")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda (default: auto)")
+    add_frontend_flag(parser)
+    add_device_flag(parser)
     _add_quantize_arg(parser)
 
 
@@ -116,8 +115,8 @@ def _cmd_transcribe(args: argparse.Namespace) -> int:
 
 def add_frontend_bench_args(parser: argparse.ArgumentParser) -> None:
     """`kame bench frontend`'s flags (here, so that building the parser imports no torch)."""
-    parser.add_argument("--frontend", default="tiny", help="front-end source (default: tiny)")
-    parser.add_argument("--device", default="auto")
+    add_frontend_flag(parser, default="tiny")
+    add_device_flag(parser)
     _add_quantize_arg(parser)
     parser.add_argument("--batch-sizes", default=None, help="comma list (default: 1,4,16 on cpu; 1,8,32,64 on cuda)")
     parser.add_argument("--frames", type=int, default=50, help="timed frames per batch size (default 50)")
@@ -162,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument("--asr", default="whisper", choices=["whisper", "kyutai-stt", "none"])
     transcribe.add_argument("--asr-model", default=None,
                             help="model name or local directory (default: tiny.en / kyutai/stt-1b-en_fr)")
-    transcribe.add_argument("--device", default="auto")
+    add_device_flag(transcribe, what="the ASR's device: ")
     transcribe.add_argument("--realtime", action="store_true", help="feed the audio at real-time pace")
     transcribe.add_argument("--end-of-turn", default=None, choices=["smart-turn", "silence"],
                             help="what ends an utterance at a pause (docs/turn-taking.md; default smart-turn)")

@@ -1,6 +1,6 @@
 """The engine process of `kame serve --fronts N`: the models that run on engine threads (the front-end's
 batch, and kyutai-stt's where it is the ASR), loaded and warmed once, then served to the front processes
-over a Unix socket (kame/frontend/remote.py). It runs until SIGTERM or SIGINT, or until its parent goes.
+over a Unix socket (kame/frontend/engine_host.py). It runs until SIGTERM or SIGINT, or until its parent goes.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import signal
 import threading
 from multiprocessing.connection import Connection
 
-from kame.frontend.remote import EngineHost
+from kame.frontend.engine_host import EngineHost
 from kame.runtime import RemoteFrontend, RuntimeSettings, load_asr, load_engine
 
 logger = logging.getLogger(__name__)

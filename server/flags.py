@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from kame.flags import DEVICE_HELP, FRONTEND_HELP
+
 
 @dataclass(frozen=True)
 class Flag:
@@ -20,10 +22,9 @@ class Flag:
     repeat: bool = False  # given again, it adds (a list setting)
 
 
-FRONTEND = "preset, local directory or HF repo (default: SakanaAI/kame with a GPU, tiny-copy without)"
 MODEL_FLAGS = (
-    Flag("frontend", "frontend", FRONTEND),
-    Flag("device", "device", choices=("auto", "cpu", "cuda")),
+    Flag("frontend", "frontend", FRONTEND_HELP),  # the words of every command's --frontend (kame/flags.py)
+    Flag("device", "device", DEVICE_HELP, choices=("auto", "cpu", "cuda")),
     Flag(
         "quantize",
         "quantize",

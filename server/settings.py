@@ -1,5 +1,6 @@
 """Server settings: defaults < config file (TOML) < KAME_* env vars < CLI flags, validated once. The defaults
-are the library's (its frozen dataclasses: RuntimeSettings, PlannerConfig, ...), read from there."""
+are the library's (its frozen dataclasses: RuntimeSettings, PlannerConfig, ...), read from there; a table that
+holds a dataclass's options ([planner], [whisper], ...) is built from its fields, bounds included."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import dataclasses
 import ipaddress
 import os
 import tomllib
+import typing
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, create_model, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from kame.aec import EchoOptions
@@ -37,35 +39,27 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class ProfileSettings(BaseModel):
-    """An LLM backend profile in the config file ([profiles.NAME])."""
-
-    model_config = ConfigDict(extra="forbid")
-    base_url: str | None = None
-    model: str
-    api_key_env: str | None = BackendProfile.api_key_env
-    connect_timeout_s: float = Field(BackendProfile.connect_timeout_s, gt=0)
-    first_token_timeout_s: float = Field(BackendProfile.first_token_timeout_s, gt=0)
-    token_timeout_s: float = Field(BackendProfile.token_timeout_s, gt=0)
-    max_tokens: int = Field(BackendProfile.max_tokens, gt=0)
-    temperature: float = Field(BackendProfile.temperature, ge=0, le=2)
-    kind: Literal["openai", "embedded"] = BackendProfile.kind  # embedded: `model` is a .gguf file or model directory
-    tools: bool = BackendProfile.tools
+def _options_table(options: type, *, leave_out: tuple[str, ...] = ()) -> type[BaseModel]:
+    """A config-file table of the fields of `options` (a library dataclass, where each field's type, bounds and
+    default are written once) but those in `leave_out` (set elsewhere, or not settings); other keys are refused."""
+    names = {f.name for f in dataclasses.fields(options)}
+    if unknown := set(leave_out) - names:  # a renamed field would otherwise turn up in the users' schema
+        raise TypeError(f"{options.__name__} has no field {', '.join(sorted(unknown))}")
+    hints = typing.get_type_hints(options, include_extras=True)
+    fields = {f.name: (hints[f.name], ... if f.default is dataclasses.MISSING else f.default)
+              for f in dataclasses.fields(options) if f.name not in leave_out}
+    return create_model(f"{options.__name__}Table", __config__=ConfigDict(extra="forbid"), **fields)
 
 
-class PlannerSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    min_new_words: int = Field(PlannerConfig.min_new_words, ge=1)
-    restart_on_final: bool = PlannerConfig.restart_on_final
-    max_restarts: int = Field(PlannerConfig.max_restarts, ge=1)
-    restart_window_s: float = Field(PlannerConfig.restart_window_s, gt=0)
-    backoff_initial_s: float = Field(PlannerConfig.backoff_initial_s, ge=0)
-    backoff_max_s: float = Field(PlannerConfig.backoff_max_s, ge=0)
-    max_concurrent_streams: int = Field(PlannerConfig.max_concurrent_streams, ge=1)
-    keep_agreeing_oracle: bool = PlannerConfig.keep_agreeing_oracle
-    max_history_turns: int = Field(PlannerConfig.max_history_turns, ge=1, le=1000)
-    max_tool_rounds: int = Field(PlannerConfig.max_tool_rounds, ge=1, le=10)
-    backchannel_window_s: float = Field(PlannerConfig.backchannel_window_s, ge=0, le=10)  # 0: no backchannels
+class ProfileSettings(_options_table(BackendProfile, leave_out=("name",))):
+    """An LLM backend profile in the config file ([profiles.NAME]; the name is the table's)."""
+
+    base_url: str | None = None  # a profile of the library has none: a config file's may leave it out
+
+
+class PlannerSettings(_options_table(PlannerConfig, leave_out=(
+        "system_prompt", "knowledge_limit", "knowledge_budget_tokens"))):  # settings of their own, outside [planner]
+    """[planner]: when the planner starts LLM streams (kame.backend.planner.PlannerConfig)."""
 
 
 class KnowledgeSettings(BaseModel):
@@ -80,21 +74,9 @@ class KnowledgeSettings(BaseModel):
     tool: bool = KnowledgeOptions.tool
 
 
-class WhisperSettings(BaseModel):
+class WhisperSettings(_options_table(WhisperOptions, leave_out=(
+        "model", "device", "compute_type", "language", "preroll_s", "coalesce"))):  # --asr-model, --device; internal
     """[whisper]: the whisper ASR's streaming (kame.asr.whisper.WhisperOptions)."""
-
-    model_config = ConfigDict(extra="forbid")
-    decode_interval_s: float = Field(WhisperOptions.decode_interval_s, gt=0, le=5)
-    settle_s: float = Field(WhisperOptions.settle_s, gt=0, le=5)  # docs/live.md, "Transcript cadence"
-    vad_threshold: float = Field(WhisperOptions.vad_threshold, gt=0, lt=1)
-    min_silence_s: float = Field(WhisperOptions.min_silence_s, gt=0, le=5)
-    max_utterance_s: float = Field(WhisperOptions.max_utterance_s, gt=1, le=30)
-    end_of_turn: Literal["smart-turn", "silence"] = WhisperOptions.end_of_turn  # docs/turn-taking.md
-    eot_ask_s: float | None = Field(WhisperOptions.eot_ask_s, gt=0, le=2)  # None: min_silence_s
-    eot_tail_s: float = Field(WhisperOptions.eot_tail_s, gt=0, le=2)
-    eot_fallback_s: float = Field(WhisperOptions.eot_fallback_s, gt=0, le=10)
-    eot_threshold: float = Field(WhisperOptions.eot_threshold, gt=0, lt=1)
-    smart_turn_model: str | None = WhisperOptions.smart_turn_model
 
     @model_validator(mode="after")
     def _check_pause(self) -> WhisperSettings:
@@ -116,28 +98,12 @@ class RealtimeSettings(BaseModel):
     tool_timeout_s: float = Field(15.0, gt=0, le=120)  # a client function's output awaited this long, then an error
 
 
-class EchoSettings(BaseModel):
+class EchoSettings(_options_table(EchoOptions)):
     """[echo]: echo cancellation of telephone sessions (kame.aec.EchoOptions; docs/echo.md)."""
 
-    model_config = ConfigDict(extra="forbid")
-    telephone: bool = EchoOptions.telephone
-    delay_ms: int | None = Field(EchoOptions.delay_ms, ge=0, le=1000)
-    max_reference_s: float = Field(EchoOptions.max_reference_s, ge=0.1, le=10)
 
-
-class KyutaiSttSettings(BaseModel):
+class KyutaiSttSettings(_options_table(SttOptions, leave_out=("model", "device", "max_sessions"))):  # set elsewhere
     """[kyutai_stt]: Kyutai's STT (kame.asr.kyutai_stt.SttOptions)."""
-
-    model_config = ConfigDict(extra="forbid")
-    eot_head: int = Field(SttOptions.eot_head, ge=0)
-    eot_threshold: float = Field(SttOptions.eot_threshold, gt=0, lt=1)
-    min_silence_s: float = Field(SttOptions.min_silence_s, gt=0, le=5)
-    vad_threshold: float = Field(SttOptions.vad_threshold, gt=0, lt=1)
-    # without an end-of-turn head: Smart Turn judges each pause (docs/turn-taking.md)
-    end_of_turn: Literal["smart-turn", "silence"] = SttOptions.end_of_turn
-    eot_tail_s: float = Field(SttOptions.eot_tail_s, gt=0, le=2)
-    eot_fallback_s: float = Field(SttOptions.eot_fallback_s, gt=0, le=10)
-    smart_turn_model: str | None = SttOptions.smart_turn_model
 
 
 class ServerSettings(BaseSettings):

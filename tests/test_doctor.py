@@ -18,7 +18,7 @@ from kame.testing.hub_layouts import (
     random_weights,
 )
 from kame.testing.openai_server import ScriptedOpenAIServer
-from server.doctor import Footprint, kv_cache_bytes, lm_footprint, sessions_that_fit
+from server.doctor.sessions import Footprint, kv_cache_bytes, lm_footprint, sessions_that_fit
 
 LEVELS = {"ok", "warn", "FAIL"}
 

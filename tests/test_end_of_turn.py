@@ -232,7 +232,7 @@ def test_the_pauses_must_grow(no_env):
 
 
 def test_doctor_says_what_ends_a_turn(no_env, monkeypatch):
-    from server.doctor import end_of_turn_check
+    from server.doctor.models import end_of_turn_check
 
     check = end_of_turn_check(ServerSettings())
     assert (check.level, check.name) == ("ok", "end-of-turn") and "Smart Turn v3.2 from pipecat-ai" in check.text

@@ -1,6 +1,7 @@
-"""The engine in a process of its own (kame/frontend/remote.py): a real host process on a Unix socket, fronts
-in this process; sessions through it equal the engine alone, slots are the host's (never two holders), a
-front that goes gives its slots back, and a host that dies fails its sessions instead of hanging them."""
+"""The engine in a process of its own (kame/frontend/remote.py, engine_host.py): a real host process on a
+Unix socket, fronts in this process; sessions through it equal the engine alone, slots are the host's (never
+two holders), a front that goes gives its slots back, and a host that dies fails its sessions instead of
+hanging them."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ def _host_main(address: str, authkey: bytes, ready) -> None:
     import torch
 
     from kame.frontend.engine import BatchedEngine, GenerationConfig
+    from kame.frontend.engine_host import EngineHost
     from kame.frontend.loader import load_frontend
-    from kame.frontend.remote import EngineHost
     from kame.frontend.runner import EngineRunner
 
     torch.set_num_threads(1)
@@ -213,8 +214,8 @@ def test_a_wrong_frame_is_refused_in_the_front(host):
 def test_a_stalled_peer_loses_its_oldest_frames_never_a_request():
     from collections import deque
 
-    from kame.frontend.remote import MAX_QUEUED, Release, _drop_oldest
+    from kame.frontend.remote_wire import MAX_QUEUED, Release, drop_oldest
 
     queue = deque([Release(1, "engine", 0, 1)] + [("frame", "engine", 0, 1, index) for index in range(MAX_QUEUED)])
-    _drop_oldest(queue, tuple)
+    drop_oldest(queue, tuple)
     assert isinstance(queue[0], Release) and queue[1][4] == 1 and len(queue) == MAX_QUEUED

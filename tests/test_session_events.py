@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from kame.backend.planner import AttemptRecord
+from kame.backend.attempts import AttemptRecord
 from kame.protocol import encode_event, parse_event, session_event, wire_event
 from kame.session_events import (
     AsrFailed,

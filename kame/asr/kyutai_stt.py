@@ -22,11 +22,13 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
 from moshi.models.lm import LMGen
 from moshi.utils.compile import no_compile
+from pydantic import Field
 
 from kame.asr.end_of_turn import FramePauseJudge, load_turn_model
 from kame.asr.events import AsrFailure, FinalTranscript, PartialTranscript, TranscriptEvent, drain_events
@@ -44,19 +46,25 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SttOptions:
+    """Kyutai's STT's options; also the schema of the server's [kyutai_stt] table (server/settings.py, less the
+    model, device and batch size set elsewhere), so each field's bounds are written here."""
+
     model: str = "kyutai/stt-1b-en_fr"  # hub repo, local directory, or the `tiny-stt` preset
     device: str = "auto"
     max_sessions: int = 8  # batch size of the STT engine
-    eot_head: int = 2  # which extra head predicts the end of a turn (Kyutai's STT 1B: 2)
-    eot_threshold: float = 0.5  # end-of-turn probability that ends an utterance
+    eot_head: Annotated[int, Field(ge=0)] = 2  # which extra head predicts the end of a turn (Kyutai's STT 1B: 2)
+    eot_threshold: Annotated[float, Field(gt=0, lt=1)] = 0.5  # end-of-turn probability that ends an utterance
     # without an end-of-turn head: a pause this long (and at least the model's delay) ends the turn
-    min_silence_s: float = 0.6
-    vad_threshold: float = 0.5  # Silero speech probability that counts as speech (the pause rule)
+    min_silence_s: Annotated[float, Field(gt=0, le=5)] = 0.6
+    # Silero speech probability that counts as speech (the pause rule)
+    vad_threshold: Annotated[float, Field(gt=0, lt=1)] = 0.5
     # without a head, "smart-turn": a pause of min_silence_s ends the turn only if Smart Turn calls it complete
     # (eot_threshold; asked on a worker thread); "silence": the pause alone does (docs/turn-taking.md)
-    end_of_turn: str = "smart-turn"
-    eot_tail_s: float = 0.1  # smart-turn: how much of the pause the model hears (as whisper's)
-    eot_fallback_s: float = 2.5  # smart-turn: this much silence ends a turn whatever the model said
+    end_of_turn: Literal["smart-turn", "silence"] = "smart-turn"
+    # smart-turn: how much of the pause the model hears (as whisper's)
+    eot_tail_s: Annotated[float, Field(gt=0, le=2)] = 0.1
+    # smart-turn: this much silence ends a turn whatever the model said
+    eot_fallback_s: Annotated[float, Field(gt=0, le=10)] = 2.5
     smart_turn_model: str | None = None  # smart-turn: an ONNX file; None: the one pipecat-ai ships
 
 

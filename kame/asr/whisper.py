@@ -17,8 +17,10 @@ import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import Field
 
 from kame.asr.end_of_turn import PauseRule, load_turn_model
 from kame.asr.events import FinalTranscript, PartialTranscript
@@ -47,26 +49,35 @@ class AsrError(KameError):
 
 @dataclass(frozen=True)
 class WhisperOptions:
+    """The whisper ASR's options; also the schema of the server's [whisper] table (server/settings.py, less the
+    model, device and decoding fields set elsewhere), so each field's bounds are written here."""
+
     model: str = "tiny.en"  # a local CTranslate2 directory, or a faster-whisper model name
     device: str = "auto"  # auto, cpu, cuda
     compute_type: str = "default"  # default: int8 on cpu, float16 on cuda
     language: str | None = "en"
-    decode_interval_s: float = 0.3  # re-decode the words since the last pause after this much new audio
-    settle_s: float = 0.2  # silence that settles the words heard so far (the turn may go on)
-    vad_threshold: float = 0.5  # Silero speech probability that counts as speech
-    min_silence_s: float = 0.6  # silence that ends an utterance (end_of_turn "silence")
+    # re-decode the words since the last pause after this much new audio
+    decode_interval_s: Annotated[float, Field(gt=0, le=5)] = 0.3
+    # silence that settles the words heard so far (the turn may go on; docs/live.md, "Transcript cadence")
+    settle_s: Annotated[float, Field(gt=0, le=5)] = 0.2
+    vad_threshold: Annotated[float, Field(gt=0, lt=1)] = 0.5  # Silero speech probability that counts as speech
+    # silence that ends an utterance (end_of_turn "silence")
+    min_silence_s: Annotated[float, Field(gt=0, le=5)] = 0.6
     # "smart-turn": the Smart Turn v3 model judges each pause (the silence rule where pipecat-ai, which
-    # ships it, is not installed); "silence": `min_silence_s` of silence ends an utterance
-    end_of_turn: str = "smart-turn"
+    # ships it, is not installed); "silence": `min_silence_s` of silence ends an utterance (docs/turn-taking.md)
+    end_of_turn: Literal["smart-turn", "silence"] = "smart-turn"
     # smart-turn: silence after which the model is asked (once per pause); None: min_silence_s, so that it
     # only keeps open a turn that the silence rule would end (a comma's pause is never judged)
-    eot_ask_s: float | None = None
-    eot_tail_s: float = 0.1  # smart-turn: how much of the pause the model hears (measured: docs/turn-taking.md)
-    eot_fallback_s: float = 2.5  # smart-turn: silence that ends an utterance whatever the model said
-    eot_threshold: float = 0.5  # smart-turn: probability of a complete turn that ends the utterance
+    eot_ask_s: Annotated[float | None, Field(gt=0, le=2)] = None
+    # smart-turn: how much of the pause the model hears (measured: docs/turn-taking.md)
+    eot_tail_s: Annotated[float, Field(gt=0, le=2)] = 0.1
+    # smart-turn: silence that ends an utterance whatever the model said
+    eot_fallback_s: Annotated[float, Field(gt=0, le=10)] = 2.5
+    # smart-turn: probability of a complete turn that ends the utterance
+    eot_threshold: Annotated[float, Field(gt=0, lt=1)] = 0.5
     smart_turn_model: str | None = None  # smart-turn: an ONNX file; None: the one pipecat-ai ships
     preroll_s: float = 0.3  # audio kept before the first speech chunk
-    max_utterance_s: float = 20.0  # an utterance is finalised at this length
+    max_utterance_s: Annotated[float, Field(gt=1, le=30)] = 20.0  # an utterance is finalised at this length
     coalesce: bool = True  # real time: decode once the backlog is drained; False: at every interval
 
 

@@ -26,6 +26,9 @@ newer attempt waits for the same call); identical calls in one user turn are ser
 What it tells: the session's own frozen events (`LLMAttempt` per phase, `ToolCallEvent`,
 `KnowledgeRetrieval`), snapshots of its state when they happen; the words of an oracle update
 travel on the update (`OracleUpdate.text`).
+
+This module is the policy; the attempts' records and the streams' race for the oracle are
+kame/backend/attempts.py's, the conversation kame/backend/conversation.py's.
 """
 
 from __future__ import annotations
@@ -34,16 +37,20 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, Protocol
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Protocol
+
+from pydantic import Field
 
 from kame.asr.events import FinalTranscript, PartialTranscript, TranscriptEvent
+from kame.backend.attempts import AttemptRecord, PlannerEvent, Stream, Streams, knowledge_event, tool_event
 from kame.backend.backchannel import is_backchannel
 from kame.backend.chunker import WordChunker
+from kame.backend.conversation import Ask, Turns
 from kame.backend.llm import ChatMessage, LLMClient, LLMError, ToolCalls
 from kame.clock import Clock, MonotonicClock
-from kame.frontend.oracle import OracleOp, OracleUpdate, TextTokenizer, tokenize_words
-from kame.session_events import KnowledgeRetrieval, LLMAttempt, ToolCallEvent, ToolRound
+from kame.frontend.oracle import OracleUpdate, TextTokenizer
+from kame.session_events import ToolRound
 from kame.tools.base import ATTEMPT, ToolCall, ToolResult
 from kame.tools.toolbox import ToolBox
 
@@ -75,143 +82,26 @@ class KnowledgeSource(Protocol):
 
 @dataclass(frozen=True)
 class PlannerConfig:
-    min_new_words: int = 2  # start again when the partial grew by this many words
+    """The planner's policy; also the schema of the server's [planner] table (server/settings.py), so each
+    field's bounds are written here, where its default is."""
+
+    min_new_words: Annotated[int, Field(ge=1)] = 2  # start again when the partial grew by this many words
     restart_on_final: bool = True  # always start on a final transcript
-    max_restarts: int = 5  # at most this many starts ...
-    restart_window_s: float = 2.0  # ... per this many seconds
-    backoff_initial_s: float = 0.5  # wait after a failed attempt, doubled per failure in a row
-    backoff_max_s: float = 10.0
-    max_concurrent_streams: int = 4  # LLM streams running at once; 1: each start cancels the last
+    max_restarts: Annotated[int, Field(ge=1)] = 5  # at most this many starts ...
+    restart_window_s: Annotated[float, Field(gt=0)] = 2.0  # ... per this many seconds
+    backoff_initial_s: Annotated[float, Field(ge=0)] = 0.5  # wait after a failed attempt, doubled per failure in a row
+    backoff_max_s: Annotated[float, Field(ge=0)] = 10.0
+    # LLM streams running at once; 1: each start cancels the last
+    max_concurrent_streams: Annotated[int, Field(ge=1)] = 4
     keep_agreeing_oracle: bool = True  # a new owner repeating the oracle extends it (no reset)
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT
-    max_history_turns: int = 20  # conversation turns kept in the prompt
-    max_tool_rounds: int = 3  # tool-call rounds per attempt; the round after the last offers no tools
-    knowledge_limit: int = 4  # passages retrieved per attempt ...
-    knowledge_budget_tokens: int = 400  # ... within about this many tokens
-    backchannel_window_s: float = 1.5  # "mm-hm" this soon after the assistant's last words is no turn; 0: off
-
-
-@dataclass
-class AttemptRecord:
-    """One LLM attempt and its timings (clock seconds): the planner's own state, which it goes on
-    changing; what leaves the planner is its frozen `snapshot`."""
-
-    epoch: int
-    backend: str
-    trigger: Literal["partial", "final", "deferred", "client"]
-    user_text: str  # the user's words it answers (the open utterance, else the last user turn), without a role
-    requested_at: float
-    first_token_at: float | None = None
-    finished_at: float | None = None
-    status: Literal["running", "done", "cancelled", "failed"] = "running"
-    text: str = ""  # the words it produced (sent to the oracle or not)
-    tokens: int = 0  # oracle tokens it sent
-    took_oracle: bool = False  # it became the oracle's owner (the newest stream with words)
-    kept_oracle: bool = False  # as owner it extends an agreeing oracle, reset by an older stream
-    error_kind: str | None = None
-    error: str | None = None
-    tool_calls: int = 0  # tool calls it made (cached ones included)
-
-    @property
-    def first_token_latency_s(self) -> float | None:
-        return None if self.first_token_at is None else self.first_token_at - self.requested_at
-
-    def snapshot(self, phase: str, retry_in_s: float | None = None, oracle_epoch: int = 0) -> LLMAttempt:
-        """The frozen event of `phase`, with what that phase tells (the record goes on changing);
-        `oracle_epoch`: the oracle in place when the attempt ended."""
-        started, first, last = phase == "started", phase == "first_token", phase in ("done", "cancelled", "failed")
-        outcome = {"oracle_tokens": self.tokens, "took_oracle": self.took_oracle, "kept_oracle": self.kept_oracle,
-                   "oracle_epoch": oracle_epoch} if last else {}
-        return LLMAttempt(phase, self.epoch, self.backend, self.trigger,
-                          user_text=self.user_text if started else "",
-                          latency_s=self.first_token_latency_s if first else None,
-                          answer=self.text if last else "", **outcome,
-                          error_kind=self.error_kind, error=self.error, retry_in_s=retry_in_s)
-
-
-PlannerEvent = LLMAttempt | ToolCallEvent | KnowledgeRetrieval  # the session events the planner emits
-RESULT_PREVIEW_CHARS = 500  # of a tool's result, in events and recordings
-
-
-def _tool_event(epoch: int, call: ToolCall, result: ToolResult | None, started: bool = False) -> ToolCallEvent:
-    """A tool call's event: started, then done or failed with its result, or cancelled (no result)."""
-    if started or result is None:
-        return ToolCallEvent("started" if started else "cancelled", epoch, call.id, call.name, call.arguments)
-    return ToolCallEvent("done" if result.ok else "failed", epoch, call.id, call.name, call.arguments,
-                         result.content[:RESULT_PREVIEW_CHARS], round(result.elapsed_s, 4), result.cached,
-                         result.truncated, result.error)
-
-
-def _knowledge_event(epoch: int, retrieval: Any) -> KnowledgeRetrieval:
-    """An attempt's retrieval (a kame.knowledge.Retrieval) as its event: the sources once each, in order."""
-    sources = tuple(dict.fromkeys(p.source for p in retrieval.passages))
-    return KnowledgeRetrieval(epoch, retrieval.query, len(retrieval.passages), sources, retrieval.tokens,
-                              round(retrieval.elapsed_s, 6))
-
-
-@dataclass
-class _Stream:
-    """One running LLM stream: its record, the user turn it answers, and the words it produced."""
-
-    record: AttemptRecord
-    turn: int
-    task: asyncio.Task | None = None
-    words: list[str] = field(default_factory=list)
-
-
-@dataclass
-class _Oracle:
-    """The oracle in place: the epoch and user turn of its reset, and every word it holds."""
-
-    epoch: int = 0  # 0: none yet
-    turn: int = 0
-    words: list[str] = field(default_factory=list)
-
-    def agrees(self, words: list[str], turn: int) -> bool:
-        """`words` repeat this oracle from its start (as far as both go), in the same user turn."""
-        return self.epoch != 0 and turn == self.turn and all(
-            _normal(a) == _normal(b) for a, b in zip(words, self.words, strict=False))
-
-
-def _normal(word: str) -> str:
-    return "".join(c for c in word.lower() if c.isalnum())
-
-
-class _Ask(NamedTuple):
-    """What an attempt sends the LLM, and the user's words it answers (its `user_text`)."""
-
-    messages: list[ChatMessage]
-    user_words: str
-
-
-@dataclass
-class _Turns:
-    """The conversation: closed turns plus the user's pending words and the assistant's speech."""
-
-    turns: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=20))
-    pending_user: str = ""
-    user_closed: bool = True  # the last user utterance ended with a final
-    assistant_said: str = ""
-
-    def begin_user(self) -> None:
-        if self.user_closed:
-            if self.assistant_said.strip():
-                self.turns.append(("assistant", self.assistant_said.strip()))
-            self.assistant_said, self.user_closed = "", False
-
-    def user_words(self) -> str:
-        """The user's words an attempt started now answers: the open utterance's, else the last user turn's."""
-        if self.pending_user and not self.user_closed:
-            return self.pending_user
-        return next((text for role, text in reversed(self.turns) if role == "user"), "")
-
-    def lines(self, limit: int) -> list[str]:
-        turns = list(self.turns)[-limit:]
-        if self.assistant_said.strip() and self.user_closed:
-            turns.append(("assistant", self.assistant_said.strip()))
-        if self.pending_user and not self.user_closed:
-            turns.append(("user", self.pending_user))
-        return [f"{role}: {text}" for role, text in turns]
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT  # a setting of its own (`system_prompt`), not in [planner]
+    max_history_turns: Annotated[int, Field(ge=1, le=1000)] = 20  # conversation turns kept in the prompt
+    # tool-call rounds per attempt; the round after the last offers no tools
+    max_tool_rounds: Annotated[int, Field(ge=1, le=10)] = 3
+    knowledge_limit: int = 4  # passages retrieved per attempt ... ([knowledge] limit)
+    knowledge_budget_tokens: int = 400  # ... within about this many tokens ([knowledge] budget_tokens)
+    # "mm-hm" this soon after the assistant's last words is no turn; 0: off
+    backchannel_window_s: Annotated[float, Field(ge=0, le=10)] = 1.5
 
 
 class Planner:
@@ -234,24 +124,23 @@ class Planner:
         # how its tasks are started: a session passes its TaskGroup's create_task, so that a bug in
         # a stream ends the session with a trace instead of vanishing in an unobserved task
         self._create_task = spawn
-        self._send_oracle, self._on_event = send_oracle, on_event or (lambda event: None)
+        self._on_event = on_event or (lambda event: None)
         self.clock = clock or MonotonicClock()
         self.system_prompt = config.system_prompt
         self.epoch = 0  # the newest started stream's
-        self._conv = _Turns(deque(maxlen=config.max_history_turns))  # older turns are never sent
+        self._conv = Turns(deque(maxlen=config.max_history_turns))  # older turns are never sent
         self._words_at_start = 0
         self._starts: deque[float] = deque()
         self._backoff_until = 0.0
         self._failures = 0
-        self._running: dict[int, _Stream] = {}  # by epoch, oldest first
-        self._owner = 0  # epoch of the stream that owns the oracle (0: none)
-        self._oracle = _Oracle()
+        # the running streams and the oracle they race for
+        self._streams = Streams(tokenizer, send_oracle, self._on_event, self.clock, config.keep_agreeing_oracle)
         self._turn = 0  # user turns begun
         self._assistant_at: float | None = None  # when the front-end last said a word
         self._utterance_start: float | None = None  # the ASR utterance seen last (its start, audio time) ...
         self._began_over_assistant = False  # ... and whether the assistant was talking at its first transcript
         self._deferred: asyncio.Task | None = None
-        self._deferred_ask: _Ask | None = None
+        self._deferred_ask: Ask | None = None
         self._tasks: set[asyncio.Task] = set()
         self.attempts: deque[AttemptRecord] = deque(maxlen=64)  # the recent ones, oldest first (benchmarks, tests)
 
@@ -346,19 +235,19 @@ class Planner:
     @property
     def oracle_epoch(self) -> int:
         """The epoch of the reset in place (0: no oracle yet); kept oracles' appends carry it."""
-        return self._oracle.epoch
+        return self._streams.oracle.epoch
 
     @property
     def running_streams(self) -> list[int]:
         """Epochs of the LLM streams running now, oldest first."""
-        return list(self._running)
+        return list(self._streams.running)
 
     # ------------------------------------------------------------------ policy
 
-    def _ask(self) -> _Ask:
+    def _ask(self) -> Ask:
         """The attempt's request on the conversation as it is now, and the user's words it answers."""
         transcript = "\n".join(self._conv.lines(self.config.max_history_turns))
-        return _Ask([ChatMessage("system", self.system_prompt), ChatMessage("user", transcript)],
+        return Ask([ChatMessage("system", self.system_prompt), ChatMessage("user", transcript)],
                     self._conv.user_words())
 
     @property
@@ -366,7 +255,7 @@ class Planner:
         """Tools are offered: some are configured and the LLM calls tools (the embedded one does not)."""
         return bool(self.tools) and getattr(self.llm, "supports_tools", False)
 
-    def _request_start(self, trigger: str, ask: _Ask | None = None) -> None:
+    def _request_start(self, trigger: str, ask: Ask | None = None) -> None:
         now = self.clock.now()
         window = self.config.restart_window_s
         while self._starts and self._starts[0] <= now - window:
@@ -379,7 +268,7 @@ class Planner:
             return
         self._start(trigger, ask or self._ask())
 
-    def _defer(self, allowed_at: float, ask: _Ask | None) -> None:
+    def _defer(self, allowed_at: float, ask: Ask | None) -> None:
         """Start once allowed, with the transcript as it will be then (one deferred start at most)."""
         if self._deferred is not None and not self._deferred.done():
             if ask is not None:
@@ -394,28 +283,16 @@ class Planner:
 
         self._deferred = self._spawn(later(), f"planner-deferred-{self.epoch}")
 
-    def _start(self, trigger: str, ask: _Ask) -> None:
+    def _start(self, trigger: str, ask: Ask) -> None:
         self._starts.append(self.clock.now())
         self.epoch += 1
         self._words_at_start = len(self._conv.pending_user.split())
-        self._make_room()
+        self._streams.make_room(self.config.max_concurrent_streams)
         record = AttemptRecord(self.epoch, self.llm.name, trigger, ask.user_words, self.clock.now())
         self.attempts.append(record)
         self._on_event(record.snapshot("started"))
-        stream = self._running[self.epoch] = _Stream(record, self._turn)
+        stream = self._streams.running[self.epoch] = Stream(record, self._turn)
         stream.task = self._spawn(self._run(stream, ask.messages), f"llm-attempt-{self.epoch}")
-
-    def _make_room(self) -> None:
-        """Cancel the oldest streams that do not own the oracle (the owner last) to stay under the cap."""
-        while self._running and len(self._running) >= self.config.max_concurrent_streams:
-            streams = list(self._running.values())
-            self._cancel(next((s for s in streams if s.record.epoch != self._owner), streams[0]))
-
-    def _cancel(self, stream: _Stream) -> None:
-        self._running.pop(stream.record.epoch, None)
-        if stream.task is not None:
-            stream.task.cancel()
-        self._finish(stream.record, "cancelled")
 
     def _spawn(self, coro, name: str) -> asyncio.Task:
         task = (self._create_task or asyncio.get_running_loop().create_task)(coro, name=name)
@@ -425,7 +302,7 @@ class Planner:
 
     # ------------------------------------------------------------------ one attempt
 
-    async def _run(self, stream: _Stream, messages: list[ChatMessage]) -> None:
+    async def _run(self, stream: Stream, messages: list[ChatMessage]) -> None:
         record, chunker = stream.record, WordChunker()
         try:
             messages = await self._prepare(stream, messages)
@@ -446,26 +323,26 @@ class Planner:
                         calls = item.calls
                     else:
                         said.append(item)
-                        self._emit_words(stream, chunker.push(item))
+                        self._streams.emit_words(stream, chunker.push(item))
                 if not calls or offered is None:  # calls it was not offered (the last round): not run
                     break
-                self._emit_words(stream, chunker.flush())  # what it said before the call is spoken now
+                self._streams.emit_words(stream, chunker.flush())  # what it said before the call is spoken now
                 results = await self._call_tools(stream, calls)
                 messages = [*messages, ChatMessage("assistant", "".join(said), tool_calls=calls),
                             *(ChatMessage("tool", r.content, tool_call_id=r.call.id) for r in results)]
-            self._emit_words(stream, chunker.flush())
+            self._streams.emit_words(stream, chunker.flush())
             if record.status == "running":
                 self._failures = 0
-            self._finish(record, "done")
+            self._streams.finish(record, "done")
         except asyncio.CancelledError:
-            self._finish(record, "cancelled")
+            self._streams.finish(record, "cancelled")
             raise
         except LLMError as exc:
             self._failed(record, exc)
         finally:
-            self._running.pop(record.epoch, None)
+            self._streams.running.pop(record.epoch, None)
 
-    async def _prepare(self, stream: _Stream, messages: list[ChatMessage]) -> list[ChatMessage]:
+    async def _prepare(self, stream: Stream, messages: list[ChatMessage]) -> list[ChatMessage]:
         """The attempt's system message: the prompt, the data note when tools or knowledge are on,
         and the passages retrieved for the user's words so far."""
         extra = []
@@ -482,7 +359,7 @@ class Planner:
                 logger.warning("knowledge retrieval failed (%s: %s); the LLM answers without it",
                                type(exc).__name__, exc)
             else:
-                self._on_event(_knowledge_event(stream.record.epoch, retrieval))
+                self._on_event(knowledge_event(stream.record.epoch, retrieval))
                 if retrieval.text:
                     extra.append(retrieval.text)
         if not extra:
@@ -490,73 +367,23 @@ class Planner:
         system = "\n\n".join([messages[0].content, *extra])
         return [ChatMessage("system", system), *messages[1:]]
 
-    async def _call_tools(self, stream: _Stream, calls: tuple[ToolCall, ...]) -> list[ToolResult]:
+    async def _call_tools(self, stream: Stream, calls: tuple[ToolCall, ...]) -> list[ToolResult]:
         epoch = stream.record.epoch
         stream.record.tool_calls += len(calls)
         self._on_event(ToolRound(epoch, tuple((call.id, call.name, call.arguments) for call in calls)))
 
         async def one(call: ToolCall) -> ToolResult:
             ATTEMPT.set(epoch)  # the tool's task inherits it: a client's function says which attempt asks
-            self._on_event(_tool_event(epoch, call, None, started=True))
+            self._on_event(tool_event(epoch, call, None, started=True))
             try:
                 result = await self.tools.run(call, stream.turn)
             except asyncio.CancelledError:
-                self._on_event(_tool_event(epoch, call, None))
+                self._on_event(tool_event(epoch, call, None))
                 raise
-            self._on_event(_tool_event(epoch, call, result))
+            self._on_event(tool_event(epoch, call, result))
             return result
 
         return list(await asyncio.gather(*(one(call) for call in calls)))
-
-    def _emit_words(self, stream: _Stream, words: list[str]) -> None:
-        record = stream.record
-        if not words or record.status != "running":
-            return
-        stream.words += words
-        record.text = " ".join(stream.words)
-        if record.first_token_at is None:
-            record.first_token_at = self.clock.now()
-            self._on_event(record.snapshot("first_token"))
-            if record.epoch > self._owner:
-                self._take_over(stream)
-        if record.epoch != self._owner:  # older than the owner: it never takes the oracle back
-            self._cancel(stream)
-            return
-        self._update_oracle(stream)
-
-    def _take_over(self, stream: _Stream) -> None:
-        """The newest stream with words owns the oracle; every older one stops."""
-        self._owner = stream.record.epoch
-        stream.record.took_oracle = True
-        for older in [s for epoch, s in self._running.items() if epoch < self._owner]:
-            self._cancel(older)
-
-    def _update_oracle(self, stream: _Stream) -> None:
-        """Extend the oracle in place while the owner's words agree with it, else reset it with them."""
-        record, oracle = stream.record, self._oracle
-        own = oracle.epoch == record.epoch
-        if own or (self.config.keep_agreeing_oracle and oracle.agrees(stream.words, stream.turn)):
-            record.kept_oracle = not own
-            new = stream.words[len(oracle.words):]
-            oracle.words += new
-            if new:
-                self._send(record, OracleOp.APPEND, oracle.epoch, new)
-            return
-        record.kept_oracle = False
-        self._oracle = _Oracle(record.epoch, stream.turn, list(stream.words))
-        self._send(record, OracleOp.RESET, record.epoch, stream.words)
-
-    def _send(self, record: AttemptRecord, op: OracleOp, epoch: int, words: list[str]) -> None:
-        text = " ".join(words)
-        update = OracleUpdate(epoch, op, tuple(tokenize_words(self.tokenizer, text)), text)
-        record.tokens += len(update.tokens)
-        self._send_oracle(update)
-
-    def _finish(self, record: AttemptRecord, status: str, retry_in_s: float | None = None) -> None:
-        if record.status != "running":  # cancelled already
-            return
-        record.status, record.finished_at = status, self.clock.now()
-        self._on_event(record.snapshot(status, retry_in_s, self._oracle.epoch))
 
     def _failed(self, record: AttemptRecord, exc: LLMError) -> None:
         if record.status != "running":  # cancelled already: not this stream's failure to count
@@ -569,13 +396,14 @@ class Planner:
         record.error_kind, record.error = exc.kind, str(exc)
         logger.warning("LLM attempt %d failed (%s): %s; next attempt in >= %.1f s",
                        record.epoch, exc.kind, exc, backoff)
-        self._finish(record, "failed", backoff)
+        self._streams.finish(record, "failed", backoff)
 
     async def aclose(self) -> None:
-        for stream in list(self._running.values()):
-            self._cancel(stream)
+        for stream in list(self._streams.running.values()):
+            self._streams.cancel(stream)
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.tools.aclose()
+

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 
 @dataclass(frozen=True)
 class BackendProfile:
-    """One OpenAI-compatible chat-completions endpoint. The key itself is read from the env at use."""
+    """One OpenAI-compatible chat-completions endpoint. The key itself is read from the env at use. Also the
+    schema of the server's [profiles.NAME] tables (server/settings.py), so each field's bounds are written here."""
 
     name: str
     base_url: str | None  # None: the openai package's default (api.openai.com)
     model: str
     api_key_env: str | None = "OPENAI_API_KEY"  # None: the endpoint needs no key
-    connect_timeout_s: float = 3.0  # TCP + TLS
-    first_token_timeout_s: float = 5.0  # request sent -> first streamed token
-    token_timeout_s: float = 3.0  # the longest silence allowed between two chunks
-    max_tokens: int = 120  # a spoken answer of ~30 words needs far fewer
-    temperature: float = 0.3
+    connect_timeout_s: Annotated[float, Field(gt=0)] = 3.0  # TCP + TLS
+    first_token_timeout_s: Annotated[float, Field(gt=0)] = 5.0  # request sent -> first streamed token
+    token_timeout_s: Annotated[float, Field(gt=0)] = 3.0  # the longest silence allowed between two chunks
+    max_tokens: Annotated[int, Field(gt=0)] = 120  # a spoken answer of ~30 words needs far fewer
+    temperature: Annotated[float, Field(ge=0, le=2)] = 0.3
     kind: Literal["openai", "embedded"] = "openai"  # embedded: `model` is run in-process (see embedded.py)
     tools: bool = True  # offer it the session's tools (false: an endpoint that refuses `tools`); embedded: never
 

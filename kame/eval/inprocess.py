@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from kame.backend.profiles import DEFAULT_PROFILES, BackendProfile
 from kame.errors import KameError
+from kame.flags import add_device_flag, add_frontend_flag
 
 if TYPE_CHECKING:
     from kame.eval.harness import ConversationSource, Mode
@@ -27,9 +28,8 @@ T = TypeVar("T")
 def add_in_process_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("in process", "--in-process: run the tandem here, no server (not with --url)")
     group.add_argument("--in-process", action="store_true", help="run the tandem session in this process")
-    group.add_argument("--frontend", default=None,
-                       help="preset, local directory or HF repo (default: SakanaAI/kame on a GPU, else tiny-copy)")
-    group.add_argument("--device", default=None, help="auto, cpu, cuda (default: auto)")
+    add_frontend_flag(group)
+    add_device_flag(group, default=None)  # None: not given (check_in_process_args tells), auto in the runtime
     group.add_argument("--quantize", default=None, choices=["int8"],
                        help="int8: the front-end LM's weights in int8 through bitsandbytes (CUDA only)")
     group.add_argument("--asr", default=None, choices=["whisper", "kyutai-stt", "none"],

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from kame.errors import KameError
+from kame.flags import add_device_flag, add_frontend_flag
 from kame.training.runfiles import ORACLE_STRATEGIES
 
 CUSTOM_PROFILE = "custom"
@@ -21,7 +22,7 @@ def register_data(sub: argparse._SubParsersAction) -> None:
     _add_run(prepare)
     prepare.add_argument("--asr-model", default=None, help="Whisper model for files without timings "
                                                            "(default: the bundled tiny.en)")
-    prepare.add_argument("--device", default="auto", help="Whisper's device: auto, cpu, cuda")
+    add_device_flag(prepare, what="Whisper's device: ")
     prepare.add_argument("--workers", type=int, default=None,
                          help="Whisper processes (default: one per core up to 4 on a CPU, one on a GPU)")
     prepare.set_defaults(func=_cmd_prepare)
@@ -42,9 +43,8 @@ def register_data(sub: argparse._SubParsersAction) -> None:
 
     tokenize = stages.add_parser("tokenize", help="RUN/prepared + RUN/oracles -> RUN/tokens/*.safetensors")
     _add_run(tokenize)
-    tokenize.add_argument("--frontend", required=True,
-                          help="the base front-end: preset (tiny, tiny-copy, ...), local directory or HF repo id")
-    tokenize.add_argument("--device", default="auto", help="auto, cpu, cuda (default: auto)")
+    add_frontend_flag(tokenize, base=True, required=True)
+    add_device_flag(tokenize)
     tokenize.add_argument("--quantize", default=None, choices=["int8"], help="int8 LM weights (CUDA only)")
     tokenize.set_defaults(func=_cmd_tokenize)
 

@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 from kame.errors import KameError
+from kame.flags import add_device_flag, add_frontend_flag
 from kame.training.runfiles import ORACLE_STRATEGIES
 
 # what an option is when neither the command line nor a recipe gives it
@@ -25,7 +26,7 @@ def register_train(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--recipe", default=None, metavar="NAME|FILE",
                        help="a TOML file of these options (or a shipped recipe: tiny-copy); the command line wins")
     train.add_argument("--data", default=None, help="folder of dialogue WAVs (user left, assistant right)")
-    train.add_argument("--frontend", default=None, help="the base front-end: preset, directory or HF repo id")
+    add_frontend_flag(train, base=True)
     train.add_argument("--out", required=True, help="the run folder: every stage's output goes under it")
     train.add_argument("--steps", type=int, default=None, help="optimizer steps (default: by model size)")
     train.add_argument("--chunk", type=int, default=None, help="frames per training window (default 512)")
@@ -47,14 +48,14 @@ def register_train(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--fsdp", action=argparse.BooleanOptionalAction, default=None,
                        help="under torchrun: shard weights, gradients and optimizer state across the processes "
                             "(FSDP2), for full fine-tunes too big for one GPU (default: DDP, a copy per process)")
-    train.add_argument("--device", default=None, help="auto, cpu, cuda (default auto)")
+    add_device_flag(train, default=None)  # None: the recipe's, else DEFAULTS'
     train.add_argument("--resume", action="store_true", help="continue the training from RUN/train's newest checkpoint")
     train.add_argument("--from-tokens", action="store_true", help="start from RUN/tokens (skip the data stages)")
     train.set_defaults(func=_cmd_train)
 
     export = sub.add_parser("export", help="write RUN/checkpoint from a training run's newest checkpoint")
     export.add_argument("--run", required=True, help="the run folder of `kame train`")
-    export.add_argument("--device", default="auto")
+    add_device_flag(export)
     export.set_defaults(func=_cmd_export)
 
 
