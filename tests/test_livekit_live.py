@@ -1,108 +1,30 @@
 """LiveKit Agents' GPTLiveModel against a real `kame serve` on loopback (tiny-copy, Whisper tiny.en, the
-scripted LLM), without a LiveKit room, as scripts/livekit_live_check.py and examples/livekit_live.py set
-it up: `AgentSession(llm=GPTLiveModel(base_url=...))`, the question pushed into the plugin's duplex session
-at real-time pace. Client delegation (our commentary is what KAME says), a function tool the agent runs
-under responses delegation, and a question with a 1 s pause in it, which should stay one user turn."""
+scripted LLM), without a LiveKit room, as scripts/livekit_live_check.py and examples/livekit_live.py set it
+up (client/livekit_live.py drives it): `AgentSession(llm=GPTLiveModel(base_url=...))`, the question pushed
+into the plugin's duplex session at real-time pace. Client delegation (our commentary is what KAME says), a
+function tool the agent runs under responses delegation, and a question with a 1 s pause in it, which should
+stay one user turn."""
 
 from __future__ import annotations
 
 import asyncio
-import collections
 
 import numpy as np
 import pytest
 
 pytest.importorskip("livekit.plugins.openai.realtime", reason="needs the dev extra (livekit-plugins-openai)")
 
-from livekit import rtc
-from livekit.agents import Agent, AgentSession, function_tool
+from livekit.agents import Agent, function_tool
 from livekit.plugins.openai.realtime import GPTLiveModel
 
-from kame.pcm import pcm16_encode
+from client.livekit_live import RATE, Log, answer_with, converse, words
 
-from .conftest import words
 from .server_harness import wait_until_all_slots_free
 
 pytestmark = pytest.mark.slow
-RATE = 24000
-CHUNK = int(RATE * 0.08)  # one KAME frame per push
 INSTRUCTIONS = "You are the test's assistant. Answer in one short sentence."
 ANSWER = "Zebras sing in Oslo."  # words only this test supplies (client delegation's commentary)
 WEATHER_QUESTION = "What is the weather in Paris today?"
-
-
-class Log:
-    """The server's events as LiveKit's plugin received them, the assistant's and the user's words, and
-    the user's turns as LiveKit closed them (its final transcripts)."""
-
-    def __init__(self) -> None:
-        self.types: collections.Counter[str] = collections.Counter()
-        self.said = self.heard = ""
-        self.delegations: list[str] = []
-        self.errors: list[dict] = []
-        self.user_turns: list[str] = []
-        self.started, self.closed = asyncio.Event(), asyncio.Event()
-
-    def on_event(self, event: dict) -> None:
-        kind = event.get("type", "")
-        self.types[kind] += 1
-        if kind == "session.started":
-            self.started.set()
-        elif kind == "session.closed":
-            self.closed.set()
-        elif kind == "session.output_transcript.delta":
-            self.said += event.get("delta", "")
-        elif kind == "session.input_transcript.delta":
-            self.heard += event.get("delta", "")
-        elif kind == "error":
-            self.errors.append(event)
-
-    def said_words(self) -> str:
-        return " ".join(words(self.said))
-
-
-async def converse(base_url: str, agent: Agent, model: GPTLiveModel, audio: np.ndarray, done, limit_s: float = 30,
-                   on_delegation=None) -> Log:
-    """Push `audio` (float32 at 24 kHz, then silence) at real-time pace until `done(log)` holds or `limit_s`
-    of silence has gone by; then close the session (session.close, then session.closed)."""
-    log = Log()
-    session = AgentSession(llm=model)
-    await session.start(agent)  # no room: session.start goes out once the agent's instructions are set
-    duplex = agent.duplex_session
-    duplex.on("openai_server_event_received", log.on_event)
-
-    @duplex.on("input_audio_transcription_completed")
-    def on_user_turn(event) -> None:
-        if event.is_final:
-            log.user_turns.append(event.transcript)
-
-    @duplex.on("delegation_created")
-    def on_created(delegation) -> None:
-        log.delegations.append(delegation.id)
-        if on_delegation is not None:
-            on_delegation(duplex, delegation)
-
-    try:
-        await asyncio.wait_for(log.started.wait(), 15)
-        pcm = pcm16_encode(np.concatenate([audio, np.zeros(int(RATE * limit_s), np.float32)]))
-        loop = asyncio.get_running_loop()
-        start, step = loop.time(), CHUNK * 2
-        for offset in range(0, len(pcm), step):
-            if offset >= len(audio) * 2 and done(log):
-                break
-            chunk = pcm[offset:offset + step]
-            duplex.push_audio(rtc.AudioFrame(data=chunk, sample_rate=RATE, num_channels=1,
-                                             samples_per_channel=len(chunk) // 2))
-            await asyncio.sleep(max(0.0, start + (offset + step) / (RATE * 2) - loop.time()))
-    finally:
-        await session.aclose()
-        await model.aclose()
-    return log
-
-
-def answer_with(text: str):
-    """Client delegation's backend: every delegation answered with `text` as commentary."""
-    return lambda duplex, delegation: duplex.append_commentary(text, delegation_id=delegation.id)
 
 
 def http_base(url: str) -> str:
@@ -118,7 +40,7 @@ def test_client_delegation_our_commentary_is_what_kame_says(tandem_server, scrip
         return " ".join(words(ANSWER)) in log.said_words() and "france" in words(log.heard)
 
     try:
-        log = asyncio.run(converse(url, Agent(instructions=INSTRUCTIONS), model, audio, done,
+        log = asyncio.run(converse(Agent(instructions=INSTRUCTIONS), model, audio, done,
                                    on_delegation=answer_with(ANSWER)))
     finally:
         wait_until_all_slots_free(services, limit_s=30.0)
@@ -155,7 +77,7 @@ def test_a_function_tool_runs_in_the_agent_and_the_answer_uses_it(tandem_server,
                          responses_options={"model": "scripted"})
     audio = np.concatenate([np.zeros(12000, np.float32), speech(WEATHER_QUESTION, tmp_path_factory.mktemp("tts"))])
     try:
-        log = asyncio.run(converse(url, agent, model, audio, lambda log: "sunny" in words(log.said), limit_s=20))
+        log = asyncio.run(converse(agent, model, audio, lambda log: "sunny" in words(log.said), limit_s=20))
     finally:
         wait_until_all_slots_free(services, limit_s=30.0)
     print(f"server events: {dict(log.types)}; tool calls: {agent.calls}; assistant: {log.said!r}")
@@ -188,7 +110,7 @@ def test_a_question_with_a_one_second_pause_stays_one_user_turn(tandem_server, t
                             np.zeros(RATE, np.float32), speech("capital of France, and why is it famous?", cache)])
     model = GPTLiveModel(api_key="unused", base_url=http_base(url), delegation="client")
     try:
-        log = asyncio.run(converse(url, Agent(instructions=INSTRUCTIONS), model, audio,
+        log = asyncio.run(converse(Agent(instructions=INSTRUCTIONS), model, audio,
                                    lambda log: "famous" in words(" ".join(log.user_turns)), limit_s=10,
                                    on_delegation=answer_with(ANSWER)))
     finally:
