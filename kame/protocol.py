@@ -84,6 +84,9 @@ class ReadyEvent(_Event):
     replica: str | None = None  # behind `kame serve --ray`: the replica (engine) serving the session
 
 
+TRUE_ONLY = ("backchannel", "settled")  # a transcript's flags, on the wire only when true
+
+
 class TranscriptEvent(_Event):
     type: Literal["transcript"] = "transcript"
     final: bool
@@ -93,7 +96,7 @@ class TranscriptEvent(_Event):
     backchannel: Literal[True] | None = None  # only on a backchannel ("mm-hm" while the assistant spoke)
     settled: Literal[True] | None = None  # only on a partial whose words are settled (the speech paused)
 
-    @field_validator("backchannel", "settled", mode="before")
+    @field_validator(*TRUE_ONLY, mode="before")
     @classmethod
     def _only_when_true(cls, value: bool | None) -> Literal[True] | None:
         return True if value else None
@@ -249,7 +252,7 @@ def session_event(wire: _Event) -> SessionEvent | None:
             fields = {k: v for k, v in wire.model_dump().items() if k in names and k not in added}
             if isinstance(fields.get("sources"), list):
                 fields["sources"] = tuple(fields["sources"])
-            for flag in ("backchannel", "settled"):  # sent only when true
+            for flag in TRUE_ONLY:
                 if flag in fields:
                     fields[flag] = bool(fields[flag])
             return kind(**(_NOT_ON_WIRE.get(kind, {}) | fields))
