@@ -281,12 +281,14 @@ def test_a_wait_on_the_sessions_clock_ends_when_that_clock_says():
         clock = ManualClock()
         answered = asyncio.get_running_loop().create_future()
         waiting = asyncio.create_task(wait_for(clock, answered, 15))
+        await settle()  # the wait has begun
         await clock.advance(14)
         answered.set_result("42")
         first = await waiting
 
         never = asyncio.get_running_loop().create_future()
         waiting = asyncio.create_task(wait_for(clock, never, 15))
+        await settle()
         await clock.advance(14.9)
         pending = not waiting.done()
         await clock.advance(0.1)
