@@ -96,6 +96,9 @@ class RealtimeSettings(BaseModel):
     energy_dbfs: float = Field(-40.0, ge=-90, le=0)  # with "text+audio": frame level that counts as speech
     response_timeout_s: float = Field(5.0, gt=0, le=60)  # a response.create the model does not answer: done empty
     tool_timeout_s: float = Field(15.0, gt=0, le=120)  # a client function's output awaited this long, then an error
+    # GPT-Live: the assistant's audio goes out as zeros after this long without a word from the front-end, as
+    # GPT-Live's own silence (server/live/silence.py); 0: as the front-end makes it
+    live_zero_silence_s: float = Field(1.0, ge=0, le=10)
 
 
 class EchoSettings(_options_table(EchoOptions)):

@@ -428,3 +428,36 @@ def test_a_pause_without_a_final_sends_the_words_once_and_closes_nothing():
     deltas = [e["delta"] for e in paused + rig.events() if e["type"] == "session.input_transcript.delta"]
     assert " ".join("".join(deltas).split()).lower() == "how many legs does a spider have?"
     assert deltas.count(" ") >= 5  # through the pause, spaces kept the client's user turn open
+
+
+def test_the_assistants_silence_goes_out_as_zeros_after_a_second_without_a_word():
+    """GPT-Live's silence is digital (server/live/silence.py): with `zero_silence_s`, a front-end that has said
+    no word for that long sends zeros (the first such frame faded out), and its next word opens the gate."""
+    rig = Rig(zero_silence_s=1.0)
+    rig.start()
+    noise = np.full(1920, 0.05, np.float32)
+
+    def sent(frame: int) -> np.ndarray:
+        rig.mapping.on_session(AssistantAudio(frame, noise, True, 0.1), rig.now)
+        (delta,) = [e for e in rig.events() if e["type"] == "session.output_audio.delta"]
+        return np.frombuffer(base64.b64decode(delta["delta"]), "<i2") / 32767
+
+    assert not sent(1).any()  # nothing said yet: silence
+    rig.mapping.on_session(AssistantText(2, " Hello"), rig.now)
+    rig.events()
+    spoken = [sent(frame) for frame in range(2, 2 + 13)]  # 13 frames: 1.04 s from the word
+    assert all(np.allclose(pcm, 0.05, atol=1e-3) for pcm in spoken)
+    fading = sent(15)
+    assert fading[0] > 0.04 and abs(fading[-1]) < 1e-3 and np.all(np.diff(fading) <= 1e-4)
+    assert not sent(16).any() and not sent(40).any()
+    rig.mapping.on_session(AssistantText(41, " again"), rig.now)
+    rig.events()
+    assert np.allclose(sent(41), 0.05, atol=1e-3)
+
+
+def test_without_zero_silence_the_front_ends_audio_goes_out_as_made():
+    rig = Rig()
+    rig.start()
+    rig.mapping.on_session(AssistantAudio(1, np.full(1920, 0.05, np.float32), True, 0.1), rig.now)
+    (delta,) = [e for e in rig.events() if e["type"] == "session.output_audio.delta"]
+    assert np.allclose(np.frombuffer(base64.b64decode(delta["delta"]), "<i2") / 32767, 0.05, atol=1e-3)

@@ -66,8 +66,7 @@ class WeatherAgent(Agent):
 
 def test_a_function_tool_runs_in_the_agent_and_the_answer_uses_it(tandem_server, scripted_llm, tmp_path_factory):
     """Responses delegation: KAME's backend LLM (scripted) is offered the agent's `get_weather`, calls it,
-    and LiveKit runs the tool at once. That its output comes back in time for the answer is expected to
-    fail for now (below)."""
+    LiveKit runs the tool at once and its output comes back in time for the answer."""
     from kame.testing.speech import speech
 
     url, services = tandem_server
@@ -84,17 +83,11 @@ def test_a_function_tool_runs_in_the_agent_and_the_answer_uses_it(tandem_server,
     assert agent.calls and all(city.lower() == "paris" for city in agent.calls)
     requests = scripted_llm.requests[before:]
     assert any(t["function"]["name"] == "get_weather" for r in requests for t in r.get("tools") or ())
-    late = [e for e in log.errors if e.get("error", {}).get("code") == "function_call_output_timeout"]
-    assert not [e for e in log.errors if e not in late]
-    if late:
-        # measured: the tool ran within a second of the call, and LiveKit sent its output (a
-        # response.item.create) only after KAME's 15 s wait for it had ended. LiveKit's duplex adapter
-        # joins a call to the "burst" of assistant audio in flight and reports the tool's output when
-        # that burst ends, and GPTLiveModel's gate (llm.FixedGate, silence RMS 0.0006) ends a burst only
-        # after 0.8 s below ~0.0011 RMS: tiny-copy's voice is continuous noise, so its burst never ends.
-        # A front-end whose silence is that quiet (GPT-Live's is all zeros) would close it; a trained
-        # Moshi's idle output level was not measured here
-        pytest.xfail("LiveKit reports a tool's output when the assistant's audio falls silent; tiny-copy's never does")
+    # LiveKit reports a tool's output only once the assistant's audio "burst" ends, which GPTLiveModel's gate
+    # (llm.FixedGate) sees after 0.8 s below ~0.0011 RMS: KAME's GPT-Live silence is zeros once the front-end
+    # has said no word for a second (server/live/silence.py); with tiny-copy's noise as it was, the output came
+    # only after KAME's 15 s wait (function_call_output_timeout)
+    assert not log.errors
     assert any(m["role"] == "tool" and "sunny" in m["content"] for r in requests for m in r["messages"])
     assert "sunny" in words(log.said)
 

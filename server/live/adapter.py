@@ -58,7 +58,8 @@ def live_facts(runner: SessionRunner, tandem: TandemSession, transport: str, eve
                      tandem.backend, tandem.system_prompt,
                      settings.max_message_bytes * 4 // 3 + 4096,  # base64 audio of the binary limit
                      int(time.time() + settings.max_session_s), transport, events,
-                     echo=settings.echo_options(), tool_timeout_s=settings.realtime.tool_timeout_s)
+                     echo=settings.echo_options(), tool_timeout_s=settings.realtime.tool_timeout_s,
+                     zero_silence_s=settings.realtime.live_zero_silence_s)
 
 
 class LiveCarrier:

@@ -36,6 +36,7 @@ class LiveFacts:
     usage_interval_s: float = 15.0
     echo: EchoOptions = EchoOptions()  # echo cancellation of telephone (G.711) sessions ([echo], docs/echo.md)
     tool_timeout_s: float = 15.0  # a client function tool's output is awaited this long, then an error event
+    zero_silence_s: float = 0.0  # the assistant's audio is zeros after this long without a word (silence.py); 0: off
 
 
 @dataclass(frozen=True)

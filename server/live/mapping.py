@@ -44,6 +44,7 @@ from server.live.config import LiveConfig, LiveFacts
 from server.live.decisions import Decisions
 from server.live.outbox import LiveOutbox
 from server.live.responses import ResponsesEvents
+from server.live.silence import SilenceGate
 from server.live.stable_text import Keepalive, StableWords
 from server.live.standby import DEFAULT_VAD_THRESHOLD, Standby
 
@@ -92,6 +93,7 @@ class LiveMapping:
         self.decisions = Decisions(self.outbox)
         self.standby: Standby | None = None  # WebRTC's idle pause, where the POST asked for one
         self._paused_total = 0.0  # time the session spent paused: the audio clock stood still
+        self._gate = SilenceGate(facts.zero_silence_s) if facts.zero_silence_s else None
 
     def take(self) -> list[Action]:
         return self.outbox.take()
@@ -256,12 +258,15 @@ class LiveMapping:
         if not self.started or self.closed:
             return
         if isinstance(event, AssistantAudio):
+            pcm = event.pcm if self._gate is None else self._gate(event.frame, event.pcm)
             if self.facts.transport == "websocket":
-                delta = base64.b64encode(self._encode(event.pcm)).decode()
+                delta = base64.b64encode(self._encode(pcm)).decode()
                 self.outbox.emit("session.output_audio.delta", droppable=True, delta=delta)
             else:
-                self.outbox.call(Play(event.pcm, event.frame))
+                self.outbox.call(Play(pcm, event.frame))
         elif isinstance(event, AssistantText):
+            if self._gate is not None:
+                self._gate.word(event.frame)
             self._active(now)
             start = round(event.frame * FRAME_S * 1000)
             self._triggered(self.outbox.emit("session.output_transcript.delta", delta=event.text, start_ms=start,
