@@ -56,6 +56,7 @@ class WebRTCLink:
         kinds = {t.kind for t in self.pc.getTransceivers()}
         if "audio" not in kinds or self.pc.sctp is None:
             raise LiveError("invalid_sdp", "The offer needs one audio track and a data channel.", "transport.sdp")
+        self.track.thread_name = f"opus-out-{self.name}"
         self.pc.addTrack(self.track)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         audio = next(t for t in self.pc.getTransceivers() if t.kind == "audio")
