@@ -8,6 +8,7 @@ import asyncio
 import collections
 import contextlib
 import fractions
+import logging
 import queue
 import threading
 import time
@@ -20,6 +21,8 @@ from aiortc.mediastreams import MediaStreamError
 
 from kame.pcm import Resampler
 from kame.rtc import sends_opus_packets
+
+logger = logging.getLogger(__name__)
 
 RATE = 24000  # the front-end's audio, which libopus takes as it is
 WIRE_RATE = 48000  # the RTP clock of Opus, whatever the rate encoded
@@ -187,6 +190,8 @@ class AssistantTrack(MediaStreamTrack):
                 loop.call_soon_threadsafe(out.put_nowait, item)
         except RuntimeError:  # the loop has closed: nobody is listening
             return
+        except Exception:  # the track ends (and the sender with it) rather than leave `recv` waiting
+            logger.exception("the assistant's track failed to make a packet")
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(out.put_nowait, None)
 

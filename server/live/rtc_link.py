@@ -36,7 +36,7 @@ class WebRTCLink:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # host candidates: no STUN round trip
         self.track = AssistantTrack(self._frame_sent if timing else None)
         self.hear: Callable[[np.ndarray], None] | None = None  # the user's audio, 24 kHz float32 mono
-        self.frame_sent: Callable[[int, int], None] | None = None  # with timing: (frame, RTP packet) as each goes
+        self.frame_sent: Callable[[int, int], None] | None = None  # with timing: (frame, 20 ms slot of its RTP packet)
         self._inbox: asyncio.Queue[Message | None] = asyncio.Queue()  # None: the peer has gone
         self._channel = None
         self._channel_open = asyncio.Event()
