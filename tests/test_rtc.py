@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import fractions
+import time
 from dataclasses import dataclass
 
 import av
@@ -227,3 +228,23 @@ def test_where_aiortc_does_not_pack_the_track_gives_20ms_frames_at_48khz(monkeyp
     assert all(isinstance(f, av.AudioFrame) and f.sample_rate == 48000 and f.samples == 960 for f in frames)
     assert [f.pts for f in frames] == [960 * i for i in range(8)]
     assert sent == [(0, 0), (1, 4)]
+
+
+def test_a_frame_goes_out_as_it_comes_not_at_the_schedules_next_tick():
+    """The track's schedule and the engine's frames have phases of their own: a frame played just
+    after a packet went goes out at once (a packet may lead its time by LEAD_S), not 40 ms later."""
+    track = AssistantTrack()
+
+    async def scenario():
+        await track.recv()  # the schedule starts: silence, nothing played yet
+        played = time.monotonic()
+        track.play(SPEECH, 0)
+        first = await track.recv()
+        came = time.monotonic() - played
+        second = await track.recv()
+        track.stop()
+        return came, first, second
+
+    came, first, second = asyncio.run(scenario())
+    assert came < 0.75 * PTIME_SAMPLES / 24000, came  # its time was a packet (40 ms) after the silence
+    assert (first.pts, second.pts) == (1920, 3840)  # the RTP timeline stays whole

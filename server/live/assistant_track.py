@@ -32,6 +32,7 @@ BLOCK = 480  # 20 ms: what one cut of hurried speech is taken from
 MAX_QUEUED_S = 1.0  # the assistant's audio queued for the track beyond this: the oldest is dropped
 STANDING_S = 0.16  # the queue's low over the last two frames is what a late frame left behind
 HURRY_SAMPLES = (60, 120)  # 2.5 or 5 ms (past 40 ms behind) out of each 20 ms of speech, cross-faded
+LEAD_S = 0.08  # a packet may go this early (a frame) once its audio is all queued: the receiver buffers it
 SILENT_PEAK = 1e-3  # of full scale: a packet under it is silence (skippable)
 OPUS_BITRATE = 48000  # mono voice, 12 kHz of band
 
@@ -55,7 +56,7 @@ class AssistantTrack(MediaStreamTrack):
         self.encoded = sends_opus_packets()
         self.packet = PTIME_SAMPLES if self.encoded else BLOCK  # 24 kHz samples a packet
         self.thread_name = "opus-out"
-        self._inbox: queue.SimpleQueue[tuple[np.ndarray, int | None]] = queue.SimpleQueue()  # from `play`
+        self._inbox: queue.SimpleQueue[tuple[np.ndarray, int | None] | None] = queue.SimpleQueue()  # `play`, `stop`
         # the thread's own, from here on
         self._frames: collections.deque[tuple[int, int]] = collections.deque()  # (frame, its first sample's place)
         self._queued_total = self._taken_total = 0  # samples ever queued, ever taken (sent, skipped or dropped)
@@ -97,9 +98,11 @@ class AssistantTrack(MediaStreamTrack):
         kept short)."""
         while True:
             try:
-                self._enqueue(*self._inbox.get_nowait())
+                item = self._inbox.get_nowait()
             except queue.Empty:
                 break
+            if item is not None:
+                self._enqueue(*item)
         begins = self._taken_total
         self._levels.append(self._samples)
         behind = min(self._levels) - self.packet if len(self._levels) == self._levels.maxlen else 0
@@ -179,12 +182,29 @@ class AssistantTrack(MediaStreamTrack):
         self._pts += self.packet * WIRE_RATE // RATE
         return media, started
 
+    def _wait(self, due: float) -> None:
+        """Until the next packet may go (what is played meanwhile queued as it comes): at `due`, or up
+        to LEAD_S before once its audio is all there, so that a frame goes out as it comes whatever the
+        phase of the schedule against the engine's."""
+        while not self._stopping.is_set():
+            ready = due - LEAD_S if self._samples >= self.packet else due
+            try:
+                item = self._inbox.get(timeout=max(0.0, ready - time.monotonic()))
+            except queue.Empty:
+                return
+            if item is not None:  # (None: `stop` waking the thread)
+                self._enqueue(*item)
+
     def _run(self, loop: asyncio.AbstractEventLoop, out: asyncio.Queue) -> None:
-        """Every packet at its time (an absolute schedule: no drift), until the track stops."""
+        """Every packet at its time (an absolute schedule: no drift, and never more than LEAD_S ahead),
+        until the track stops."""
         encode = _opus_encoder() if self.encoded else _wire_frames()
         start, made = time.monotonic(), 0
         try:
-            while not self._stopping.wait(max(0.0, start + made * self.packet / RATE - time.monotonic())):
+            while True:
+                self._wait(start + made * self.packet / RATE)
+                if self._stopping.is_set():
+                    break
                 item = self._make(encode)
                 made += 1
                 loop.call_soon_threadsafe(out.put_nowait, item)
@@ -213,6 +233,7 @@ class AssistantTrack(MediaStreamTrack):
 
     def stop(self) -> None:
         self._stopping.set()
+        self._inbox.put(None)
         super().stop()
 
 
