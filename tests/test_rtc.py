@@ -232,7 +232,8 @@ def test_where_aiortc_does_not_pack_the_track_gives_20ms_frames_at_48khz(monkeyp
 
 def test_a_frame_goes_out_as_it_comes_not_at_the_schedules_next_tick():
     """The track's schedule and the engine's frames have phases of their own: a frame played just
-    after a packet went goes out at once (a packet may lead its time by LEAD_S), not 40 ms later."""
+    after a packet of silence went goes out at once, not 40 ms later, and the packets after it keep
+    the packet time from there (the schedule takes the frames' phase)."""
     track = AssistantTrack()
 
     async def scenario():
@@ -242,9 +243,11 @@ def test_a_frame_goes_out_as_it_comes_not_at_the_schedules_next_tick():
         first = await track.recv()
         came = time.monotonic() - played
         second = await track.recv()
+        spaced = time.monotonic() - played - came
         track.stop()
-        return came, first, second
+        return came, spaced, first, second
 
-    came, first, second = asyncio.run(scenario())
-    assert came < 0.75 * PTIME_SAMPLES / 24000, came  # its time was a packet (40 ms) after the silence
+    came, spaced, first, second = asyncio.run(scenario())
+    assert came < 0.25 * PTIME_SAMPLES / 24000, came  # its time was 20 ms on (silence waits GRACE_S)
+    assert spaced > 0.75 * PTIME_SAMPLES / 24000, spaced  # no burst: a packet's time apart
     assert (first.pts, second.pts) == (1920, 3840)  # the RTP timeline stays whole

@@ -32,7 +32,7 @@ BLOCK = 480  # 20 ms: what one cut of hurried speech is taken from
 MAX_QUEUED_S = 1.0  # the assistant's audio queued for the track beyond this: the oldest is dropped
 STANDING_S = 0.16  # the queue's low over the last two frames is what a late frame left behind
 HURRY_SAMPLES = (60, 120)  # 2.5 or 5 ms (past 40 ms behind) out of each 20 ms of speech, cross-faded
-LEAD_S = 0.08  # a packet may go this early (a frame) once its audio is all queued: the receiver buffers it
+GRACE_S = 0.02  # a packet whose audio is not all there at its time waits this much more for it
 SILENT_PEAK = 1e-3  # of full scale: a packet under it is silence (skippable)
 OPUS_BITRATE = 48000  # mono voice, 12 kHz of band
 
@@ -64,6 +64,7 @@ class AssistantTrack(MediaStreamTrack):
         self._samples = 0
         self._pts = 0  # on the RTP clock
         self._started: list[int] = []  # frames whose first sample is in the packet being made
+        self._idle = True  # the last packet had nothing queued to send
         self.dropped_samples = 0  # speech dropped past MAX_QUEUED_S
         self.skipped_samples = 0  # silence skipped to catch up
         self.hurried_samples = 0  # speech cut (cross-faded) to catch up
@@ -114,6 +115,7 @@ class AssistantTrack(MediaStreamTrack):
         cut = HURRY_SAMPLES[behind > 0.04 * RATE]
         blocks = [self._next_block(cut if behind >= cut * (i + 1) else 0) for i in range(self.packet // BLOCK)]
         self._report_sent(begins)
+        self._idle = self._taken_total == begins
         return np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
 
     def _next_block(self, cut: int) -> np.ndarray:
@@ -182,27 +184,34 @@ class AssistantTrack(MediaStreamTrack):
         self._pts += self.packet * WIRE_RATE // RATE
         return media, started
 
-    def _wait(self, due: float) -> None:
-        """Until the next packet may go (what is played meanwhile queued as it comes): at `due`, or up
-        to LEAD_S before once its audio is all there, so that a frame goes out as it comes whatever the
-        phase of the schedule against the engine's."""
+    def _wait(self, due: float) -> float:
+        """Until the next packet goes (what is played meanwhile queued as it comes); how long before
+        `due` it goes. At `due` with its audio all there; else up to GRACE_S later as soon as it is (a
+        frame a little late); else with what there is. After a packet with nothing to send, as soon
+        as the audio is all there: the engine's frames have a phase of their own, which the schedule
+        takes (a packet spaced closer than the packet time would raise the receiver's jitter buffer)."""
         while not self._stopping.is_set():
-            ready = due - LEAD_S if self._samples >= self.packet else due
+            full, now = self._samples >= self.packet, time.monotonic()
+            if full and (self._idle or now >= due):
+                return max(0.0, due - now) if self._idle else 0.0
             try:
-                item = self._inbox.get(timeout=max(0.0, ready - time.monotonic()))
+                item = self._inbox.get(timeout=max(0.0, (due if full else due + GRACE_S) - now))
             except queue.Empty:
-                return
+                if now >= due:
+                    return 0.0
+                continue
             if item is not None:  # (None: `stop` waking the thread)
                 self._enqueue(*item)
+        return 0.0
 
     def _run(self, loop: asyncio.AbstractEventLoop, out: asyncio.Queue) -> None:
-        """Every packet at its time (an absolute schedule: no drift, and never more than LEAD_S ahead),
-        until the track stops."""
+        """Every packet at its time (an absolute schedule: no drift, moved only to take the frames'
+        phase), until the track stops."""
         encode = _opus_encoder() if self.encoded else _wire_frames()
         start, made = time.monotonic(), 0
         try:
             while True:
-                self._wait(start + made * self.packet / RATE)
+                start -= self._wait(start + made * self.packet / RATE)
                 if self._stopping.is_set():
                     break
                 item = self._make(encode)
