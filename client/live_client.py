@@ -31,7 +31,7 @@ LIVE_PATH = "/v1/live/sessions"
 # client delegation: KAME calls no LLM (as /api/chat without ASR calls none: it has no transcript)
 CLIENT_DELEGATION = {"model": "gpt-live-1", "delegation": {"type": "client"}}
 WIRE_RATE = 48000  # Opus on the track
-PACKET = 960  # 20 ms at 48 kHz: one RTP packet
+PACKET = 960  # 20 ms at 48 kHz: the slot packets are counted in (a 40 ms packet takes two)
 PROBE_EVERY = 6  # frames between two questions on where the session's timeline is
 FRAME_S = 0.08
 
@@ -147,8 +147,9 @@ class _Microphone(MediaStreamTrack):
 class LiveWebRTC:
     """GPT-Live over WebRTC: the offer POSTed to /v1/live/sessions, audio on one Opus track each way.
     `timing`: the server says which RTP packet carried the start of each of the session's frames
-    (`kame.output_audio.sent`, asked for with `?kame_timing=1`) and each packet's arrival is kept,
-    so that every frame back is timed exactly (`frames_back`)."""
+    (`kame.output_audio.sent`, asked for with `?kame_timing=1`, as the 20 ms slot of the RTP clock where
+    it begins, whatever the packet time) and each packet's arrival is kept, so that every frame back
+    is timed exactly (`frames_back`)."""
 
     def __init__(self, pc: RTCPeerConnection, microphone: _Microphone) -> None:
         self.pc, self.microphone = pc, microphone
@@ -157,8 +158,8 @@ class LiveWebRTC:
         self.started = asyncio.Event()
         self.remote: asyncio.Future = asyncio.get_running_loop().create_future()
         self.said = 0  # frames given to the track
-        self.sent: list[tuple[int, int]] = []  # (the session's frame, the RTP packet its start went in)
-        self.arrivals: dict[int, float] = {}  # RTP packet index (from the track's first) -> arrival
+        self.sent: list[tuple[int, int]] = []  # (the session's frame, the slot of the RTP packet its start went in)
+        self.arrivals: dict[int, float] = {}  # RTP packet's slot (from the track's first) -> arrival
         self.probes: list[tuple[int, int]] = []  # (the session's timeline ms, frames said when asked)
         self._first_timestamp: int | None = None
         self._asked: dict[str, int] = {}

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import fractions
+import functools
 import logging
 import math
 import queue
@@ -20,6 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
+import aiortc.codecs.opus
 import aiortc.rtp
 import av
 import numpy as np
@@ -160,6 +163,24 @@ def send_cheaply() -> None:
     """aiortc's senders measure each packet's level with `audio_level_dbov` (same value, once per
     process; idempotent)."""
     aiortc.rtp.compute_audio_level_dbov = audio_level_dbov
+
+
+@functools.cache
+def sends_opus_packets() -> bool:
+    """Whether this aiortc's senders take Opus already encoded: a track's `recv` may return an
+    `av.Packet`, sent as it is with its pts (on the packet's time base) as the RTP timestamp, as 1.16's
+    do (`OpusEncoder.pack`). Tried once per process; where not, a warning, and tracks give frames."""
+    probe = av.Packet(b"\xf8\xff\xfe")  # an Opus packet's bytes (20 ms of silence)
+    probe.pts, probe.time_base = 3, fractions.Fraction(1, 24000)
+    try:
+        payloads, timestamp = aiortc.codecs.opus.OpusEncoder().pack(probe)
+    except (AttributeError, TypeError, ValueError):
+        payloads, timestamp = None, None
+    if payloads == [bytes(probe)] and timestamp == 6:
+        return True
+    logger.warning("aiortc's Opus encoder has changed (no `pack` as 1.16 had): the assistant's audio is "
+                   "encoded by aiortc, on its default executor")
+    return False
 
 
 class _Discard:

@@ -76,6 +76,9 @@ def test_page_talks_gpt_live_over_webrtc_and_draws_the_timeline(tandem_server, q
     print(f"Chromium jitter buffer {result['stats']['jitterBufferTrace']} ms (a second each), "
           f"network round trip {result['stats'].get('networkRttMs')} ms")
     assert 0 < result["stats"]["jitterBufferMs"] < 1000, result["stats"]
+    # the assistant's 40 ms Opus packets decoded, not concealed (what NetEQ plays when it has nothing)
+    print(f"Chromium concealed {result['stats']['concealedShare']:.1%} of the samples it played")
+    assert result["stats"]["concealedShare"] < 0.5, result["stats"]
     assert result["rtt_label"] == "network round trip" and result["jitter_shown"], result
     assert result["attempts"] >= 1 and result["user_blocks"] >= 1 and result["assistant_blocks"] >= 1
     assert result["oracle_resets"] >= 1  # kame.oracle, asked for with ?kame_events=true

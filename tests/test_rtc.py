@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import fractions
+import time
 from dataclasses import dataclass
 
 import av
 import numpy as np
 import pytest
 from aiortc.codecs.opus import OpusEncoder
+from aiortc.mediastreams import MediaStreamError
 from aiortc.rtp import compute_audio_level_dbov
 
 from kame.pcm import Resampler
 from kame.rtc import OpusInput, ReorderGate, audio_level_dbov, receive_opus
-from server.live.assistant_track import PTIME_SAMPLES, AssistantTrack
+from server.live.assistant_track import BLOCK, PTIME_SAMPLES, SLOT, AssistantTrack
 
 
 @dataclass
@@ -133,12 +135,22 @@ FRAME = 1920  # 80 ms at 24 kHz
 SPEECH, SILENCE = np.full(FRAME, 0.2, np.float32), np.zeros(FRAME, np.float32)
 
 
+PACKETS = FRAME // PTIME_SAMPLES  # a frame's packets
+
+
+class Raw:
+    """In place of an encoded packet: the audio it would carry."""
+
+    def __init__(self, pcm: np.ndarray) -> None:
+        self.pcm = pcm
+
+
 def tick(track: AssistantTrack) -> np.ndarray:
-    begins = track._taken_total
-    packet = track._next_packet()
-    track._report_sent(begins)
-    track._pts += PTIME_SAMPLES
-    return packet
+    """What the track's thread does at a packet's time, and what `recv` reports on the loop."""
+    packet, started = track._make(Raw)
+    for frame in started:
+        track._sent(frame, packet.pts // SLOT)
+    return packet.pcm
 
 
 def test_frames_on_time_are_sent_whole_and_in_order():
@@ -146,10 +158,10 @@ def test_frames_on_time_are_sent_whole_and_in_order():
     track = AssistantTrack(lambda frame, packet: sent.append((frame, packet)))
     for frame in range(10):
         track.play(SPEECH, frame)
-        for _ in range(4):
+        for _ in range(PACKETS):
             assert len(tick(track)) == PTIME_SAMPLES
     assert track.skipped_samples == track.hurried_samples == 0
-    assert sent == [(frame, 4 * frame) for frame in range(10)]
+    assert sent == [(frame, 4 * frame) for frame in range(10)]  # in 20 ms slots
 
 
 def test_a_late_frame_leaves_no_standing_delay():
@@ -160,17 +172,82 @@ def test_a_late_frame_leaves_no_standing_delay():
     track.play(SILENCE, 0)
     track.play(SILENCE, 1)
     track.play(SPEECH, 2)
-    for _ in range(4):
+    for _ in range(PACKETS):
         tick(track)
     for frame in range(3, 40):
         track.play(SPEECH, frame)
-        for _ in range(4):
+        for _ in range(PACKETS):
             tick(track)
     assert track.skipped_samples > 0 and track.hurried_samples > 0
     lows = []
     for frame in range(40, 44):
         track.play(SPEECH, frame)
-        lows.append(min(track._samples for _ in range(4) if tick(track) is not None))
-    assert max(lows) <= PTIME_SAMPLES  # caught up: nothing standing
+        lows.append(min(track._samples for _ in range(PACKETS) if tick(track) is not None))
+    assert max(lows) <= BLOCK  # caught up: nothing standing (20 ms, the bound when packets were 20 ms)
     frame, packet = sent[-1]
     assert packet - 4 * (frame - 2) <= 1  # the last frame goes out where it would have with no backlog
+
+
+def run_track(track: AssistantTrack, packets: int) -> list:
+    """`packets` from the track as aiortc's sender takes them (at real-time pace), a frame played as
+    the last one's audio is taken, then stopped."""
+
+    async def scenario():
+        got = []
+        for index in range(packets):
+            if index % (FRAME // track.packet) == 0:
+                track.play(SPEECH, index * track.packet // FRAME)
+            got.append(await track.recv())
+        track.stop()
+        with pytest.raises(MediaStreamError):
+            await track.recv()
+        return got
+
+    return asyncio.run(scenario())
+
+
+def test_the_track_gives_aiortc_40ms_opus_packets_on_the_rtp_clock():
+    sent = []
+    track = AssistantTrack(lambda frame, packet: sent.append((frame, packet)))
+    assert track.encoded  # aiortc 1.16 packs them as they are
+    packets = run_track(track, 6)
+    assert all(isinstance(p, av.Packet) for p in packets)
+    assert [p.pts for p in packets] == [1920 * i for i in range(6)]  # 48 kHz, whatever was encoded
+    assert [OpusEncoder().pack(p)[1] for p in packets] == [1920 * i for i in range(6)]  # aiortc's timestamps
+    decoder = av.CodecContext.create("libopus", "r")
+    decoder.format, decoder.layout, decoder.sample_rate = "s16", "stereo", 48000
+    assert [sum(f.samples for f in decoder.decode(av.Packet(bytes(p)))) for p in packets] == [1920] * 6
+    assert sent == [(0, 0), (1, 4), (2, 8)]  # each frame's 20 ms slot, as the bench's client counts them
+
+
+def test_where_aiortc_does_not_pack_the_track_gives_20ms_frames_at_48khz(monkeypatch):
+    monkeypatch.setattr("server.live.assistant_track.sends_opus_packets", lambda: False)
+    sent = []
+    track = AssistantTrack(lambda frame, packet: sent.append((frame, packet)))
+    frames = run_track(track, 8)
+    assert all(isinstance(f, av.AudioFrame) and f.sample_rate == 48000 and f.samples == 960 for f in frames)
+    assert [f.pts for f in frames] == [960 * i for i in range(8)]
+    assert sent == [(0, 0), (1, 4)]
+
+
+def test_a_frame_goes_out_as_it_comes_not_at_the_schedules_next_tick():
+    """The track's schedule and the engine's frames have phases of their own: a frame played just
+    after a packet of silence went goes out at once, not 40 ms later, and the packets after it keep
+    the packet time from there (the schedule takes the frames' phase)."""
+    track = AssistantTrack()
+
+    async def scenario():
+        await track.recv()  # the schedule starts: silence, nothing played yet
+        played = time.monotonic()
+        track.play(SPEECH, 0)
+        first = await track.recv()
+        came = time.monotonic() - played
+        second = await track.recv()
+        spaced = time.monotonic() - played - came
+        track.stop()
+        return came, spaced, first, second
+
+    came, spaced, first, second = asyncio.run(scenario())
+    assert came < 0.25 * PTIME_SAMPLES / 24000, came  # its time was 20 ms on (silence waits GRACE_S)
+    assert spaced > 0.75 * PTIME_SAMPLES / 24000, spaced  # no burst: a packet's time apart
+    assert (first.pts, second.pts) == (1920, 3840)  # the RTP timeline stays whole

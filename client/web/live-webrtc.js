@@ -145,6 +145,8 @@ export class LiveSession {
         window.kameStats.networkRttMs = s.currentRoundTripTime * 1000;
       } else if (s.type === "inbound-rtp" && s.kind === "audio" && s.totalSamplesReceived != null) {
         window.kameStats.framesPlayed = Math.floor(s.totalSamplesReceived / 3840); // 80 ms at 48 kHz
+        // the share made up by the jitter buffer (nothing there to play, or packets it could not decode)
+        window.kameStats.concealedShare = s.concealedSamples / Math.max(1, s.totalSamplesReceived);
         this.page.ui.played.textContent = window.kameStats.framesPlayed;
         const last = this.lastInbound;
         if (last && s.jitterBufferEmittedCount > last.jitterBufferEmittedCount) {

@@ -1,11 +1,17 @@
-"""The assistant's voice on a WebRTC session's media track: the front-end's 24 kHz frames as 20 ms
-packets at 48 kHz, at real-time pace, kept near real time when frames come late."""
+"""The assistant's voice on a WebRTC session's media track: the front-end's 24 kHz frames encoded to
+Opus as they are (40 ms packets) on a thread of the track's own, at real-time pace, kept near real
+time when frames come late. The event loop only hands each packet to aiortc's sender."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import fractions
+import logging
+import queue
+import threading
+import time
 from collections.abc import Callable
 
 import av
@@ -14,92 +20,133 @@ from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
 from kame.pcm import Resampler
+from kame.rtc import sends_opus_packets
 
-WIRE_RATE = 48000  # Opus
-PTIME_SAMPLES = 960  # 20 ms at 48 kHz: one RTP packet
+logger = logging.getLogger(__name__)
+
+RATE = 24000  # the front-end's audio, which libopus takes as it is
+WIRE_RATE = 48000  # the RTP clock of Opus, whatever the rate encoded
+SLOT = 960  # 20 ms of the RTP clock: the unit `sent` reports packets in (the bench's)
+PTIME_SAMPLES = 960  # 40 ms at 24 kHz: one RTP packet, half of one of the engine's 80 ms frames
+BLOCK = 480  # 20 ms: what one cut of hurried speech is taken from
 MAX_QUEUED_S = 1.0  # the assistant's audio queued for the track beyond this: the oldest is dropped
-STANDING_TICKS = 8  # the queue's low over the last 8 packets (two frames) is what a late frame left behind
-HURRY_SAMPLES = (120, 240)  # 2.5 or 5 ms (past 40 ms behind) out of a 20 ms packet of speech, cross-faded
+STANDING_S = 0.16  # the queue's low over the last two frames is what a late frame left behind
+HURRY_SAMPLES = (60, 120)  # 2.5 or 5 ms (past 40 ms behind) out of each 20 ms of speech, cross-faded
+GRACE_S = 0.02  # a packet whose audio is not all there at its time waits this much more for it
 SILENT_PEAK = 1e-3  # of full scale: a packet under it is silence (skippable)
+OPUS_BITRATE = 48000  # mono voice, 12 kHz of band
+
+Media = av.Packet | av.AudioFrame  # what the track gives aiortc's sender: encoded, or for its encoder
 
 
 class AssistantTrack(MediaStreamTrack):
-    """The assistant's voice: the mapping's 24 kHz frames (`play`), sent as 20 ms frames at 48 kHz
-    at real-time pace; silence when nothing is queued. Whatever came late (a slow step, the frames
-    made before the peer connected, the user's audio held up and then let through at once) would
-    delay every later packet for good: it is caught up on (`_next_packet`)."""
+    """The assistant's voice: the mapping's 24 kHz frames (`play`, from the event loop), sent as 40 ms
+    Opus packets (`av.Packet`: aiortc's sender only packs them) at real-time pace; silence when nothing
+    is queued. Where this aiortc does not take encoded packets (`sends_opus_packets`), 20 ms frames at
+    48 kHz for its own encoder instead. Whatever came late (a slow step, the frames made before the peer
+    connected, the user's audio held up and then let through at once) would delay every later packet
+    for good: it is caught up on (`_next_packet`). A thread paces, catches up and encodes; the loop is
+    woken once a packet."""
 
     kind = "audio"
 
     def __init__(self, sent: Callable[[int, int], None] | None = None) -> None:
         super().__init__()
-        self._sent = sent  # (frame, packet): a frame's first sample went out in that packet (the bench's timing)
+        self._sent = sent  # (frame, slot): a frame's first sample went out in the packet at that 20 ms slot
+        self.encoded = sends_opus_packets()
+        self.packet = PTIME_SAMPLES if self.encoded else BLOCK  # 24 kHz samples a packet
+        self.thread_name = "opus-out"
+        self._inbox: queue.SimpleQueue[tuple[np.ndarray, int | None] | None] = queue.SimpleQueue()  # `play`, `stop`
+        # the thread's own, from here on
         self._frames: collections.deque[tuple[int, int]] = collections.deque()  # (frame, its first sample's place)
         self._queued_total = self._taken_total = 0  # samples ever queued, ever taken (sent, skipped or dropped)
-        self._upsample = Resampler(24000, 48000)
         self._queued: collections.deque[np.ndarray] = collections.deque()
         self._samples = 0
-        self._start: float | None = None
-        self._pts = 0
+        self._pts = 0  # on the RTP clock
+        self._started: list[int] = []  # frames whose first sample is in the packet being made
+        self._idle = True  # the last packet had nothing queued to send
         self.dropped_samples = 0  # speech dropped past MAX_QUEUED_S
         self.skipped_samples = 0  # silence skipped to catch up
         self.hurried_samples = 0  # speech cut (cross-faded) to catch up
-        self._levels: collections.deque[int] = collections.deque(maxlen=STANDING_TICKS)  # queued at each tick
+        self._levels: collections.deque[int] = collections.deque(maxlen=round(STANDING_S * RATE / self.packet))
+        # between the thread and the loop
+        self._out: asyncio.Queue[tuple[Media, list[int]] | None] | None = None
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def play(self, pcm: np.ndarray, frame: int | None = None) -> None:
-        chunk = (np.clip(self._upsample(np.asarray(pcm, np.float32)), -1.0, 1.0) * 32767).astype(np.int16)
+        self._inbox.put((pcm, frame))
+
+    def _enqueue(self, pcm: np.ndarray, frame: int | None) -> None:
+        chunk = (np.clip(np.asarray(pcm, np.float32), -1.0, 1.0) * 32767).astype(np.int16)
         if self._sent is not None and frame is not None:
             self._frames.append((frame, self._queued_total))
         self._queued.append(chunk)
         self._samples += len(chunk)
         self._queued_total += len(chunk)
-        while self._samples > MAX_QUEUED_S * WIRE_RATE:  # the peer's clock runs slow: keep it live
+        while self._samples > MAX_QUEUED_S * RATE:  # the peer's clock runs slow: keep it live
             old = self._queued.popleft()
             self._samples -= len(old)
             self._taken_total += len(old)
             self.dropped_samples += len(old)
 
     def _next_packet(self) -> np.ndarray:
-        """The next 20 ms. The queue's level swings by a frame (80 ms) as frames arrive; its low over
-        two frames is what is standing: audio that came late and would delay the rest. While that is
-        over a packet, silent packets at the head are skipped and speech is hurried: 22.5 ms (25 ms
-        past 40 ms behind) made into 20, the cut cross-faded (a jitter buffer's 'accelerate', without
-        pitch alignment, so the cut is kept short)."""
+        """The next packet's audio, what was played since the last one queued first. The queue's level
+        swings by a frame (80 ms) as frames arrive; its low over two frames is what is standing: audio
+        that came late and would delay the rest. While that is over a packet, silent packets at the
+        head are skipped and speech is hurried: 22.5 ms (25 ms past 40 ms behind) made into each 20,
+        the cut cross-faded (a jitter buffer's 'accelerate', without pitch alignment, so the cut is
+        kept short)."""
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                self._enqueue(*item)
+        begins = self._taken_total
         self._levels.append(self._samples)
-        behind = min(self._levels) - PTIME_SAMPLES if len(self._levels) == STANDING_TICKS else 0
-        while behind > 0 and self._samples > PTIME_SAMPLES and self._head_peak() < SILENT_PEAK:
-            self._take(PTIME_SAMPLES)
-            self._caught_up(PTIME_SAMPLES)
-            self.skipped_samples += PTIME_SAMPLES
-            behind -= PTIME_SAMPLES
-        cut = HURRY_SAMPLES[behind > 0.04 * WIRE_RATE]
-        if behind < cut or self._samples < PTIME_SAMPLES + cut:
-            return self._take(PTIME_SAMPLES)
-        head = self._take(PTIME_SAMPLES + cut).copy()
+        behind = min(self._levels) - self.packet if len(self._levels) == self._levels.maxlen else 0
+        while behind > 0 and self._samples > self.packet and self._head_peak() < SILENT_PEAK:
+            self._take(self.packet)
+            self._caught_up(self.packet)
+            self.skipped_samples += self.packet
+            behind -= self.packet
+        cut = HURRY_SAMPLES[behind > 0.04 * RATE]
+        blocks = [self._next_block(cut if behind >= cut * (i + 1) else 0) for i in range(self.packet // BLOCK)]
+        self._report_sent(begins)
+        self._idle = self._taken_total == begins
+        return np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
+
+    def _next_block(self, cut: int) -> np.ndarray:
+        """The next 20 ms; `cut` samples fewer than were taken, cross-faded, when there are enough."""
+        if not cut or self._samples < BLOCK + cut:
+            return self._take(BLOCK)
+        head = self._take(BLOCK + cut).copy()
         fade = np.linspace(0.0, 1.0, cut, dtype=np.float32)
-        tail = slice(PTIME_SAMPLES - cut, PTIME_SAMPLES)
-        head[tail] = (head[tail] * (1.0 - fade) + head[PTIME_SAMPLES:] * fade).astype(np.int16)
+        tail = slice(BLOCK - cut, BLOCK)
+        head[tail] = (head[tail] * (1.0 - fade) + head[BLOCK:] * fade).astype(np.int16)
         self.hurried_samples += cut
         self._caught_up(cut)
-        return head[:PTIME_SAMPLES]
+        return head[:BLOCK]
 
     def _caught_up(self, samples: int) -> None:
         """What was standing is less by `samples` in every level kept."""
-        self._levels = collections.deque((level - samples for level in self._levels), maxlen=STANDING_TICKS)
+        self._levels = collections.deque((level - samples for level in self._levels), maxlen=self._levels.maxlen)
 
     def _report_sent(self, begins: int) -> None:
         """Each frame whose first sample was in the packet just made (or was skipped before it)."""
         while self._frames and self._frames[0][1] < self._taken_total:
             frame, place = self._frames.popleft()
             if place >= begins:
-                self._sent(frame, self._pts // PTIME_SAMPLES)
+                self._started.append(frame)
 
     def _head_peak(self) -> float:
         peak, seen = 0, 0
         for chunk in self._queued:
-            part = chunk[:PTIME_SAMPLES - seen]
+            part = chunk[:self.packet - seen]
             peak, seen = max(peak, int(np.abs(part.astype(np.int32)).max(initial=0))), seen + len(part)
-            if seen >= PTIME_SAMPLES:
+            if seen >= self.packet:
                 break
         return peak / 32767
 
@@ -127,18 +174,103 @@ class AssistantTrack(MediaStreamTrack):
         self._taken_total += filled
         return out
 
-    async def recv(self) -> av.AudioFrame:
+    # ---------------------------------------------------------------- the thread and the sender's side
+
+    def _make(self, encode: Callable[[np.ndarray], Media]) -> tuple[Media, list[int]]:
+        """The next packet, stamped, and the frames that begin in it (as 20 ms slots of the RTP clock)."""
+        media = encode(self._next_packet())
+        media.pts, media.time_base = self._pts, fractions.Fraction(1, WIRE_RATE)
+        started, self._started = self._started, []
+        self._pts += self.packet * WIRE_RATE // RATE
+        return media, started
+
+    def _wait(self, due: float) -> float:
+        """Until the next packet goes (what is played meanwhile queued as it comes); how long before
+        `due` it goes. At `due` with its audio all there; else up to GRACE_S later as soon as it is (a
+        frame a little late); else with what there is. After a packet with nothing to send, as soon
+        as the audio is all there: the engine's frames have a phase of their own, which the schedule
+        takes (a packet spaced closer than the packet time would raise the receiver's jitter buffer)."""
+        while not self._stopping.is_set():
+            full, now = self._samples >= self.packet, time.monotonic()
+            if full and (self._idle or now >= due):
+                return max(0.0, due - now) if self._idle else 0.0
+            try:
+                item = self._inbox.get(timeout=max(0.0, (due if full else due + GRACE_S) - now))
+            except queue.Empty:
+                if now >= due:
+                    return 0.0
+                continue
+            if item is not None:  # (None: `stop` waking the thread)
+                self._enqueue(*item)
+        return 0.0
+
+    def _run(self, loop: asyncio.AbstractEventLoop, out: asyncio.Queue) -> None:
+        """Every packet at its time (an absolute schedule: no drift, moved only to take the frames'
+        phase), until the track stops."""
+        encode = _opus_encoder() if self.encoded else _wire_frames()
+        start, made = time.monotonic(), 0
+        try:
+            while True:
+                start -= self._wait(start + made * self.packet / RATE)
+                if self._stopping.is_set():
+                    break
+                item = self._make(encode)
+                made += 1
+                loop.call_soon_threadsafe(out.put_nowait, item)
+        except RuntimeError:  # the loop has closed: nobody is listening
+            return
+        except Exception:  # the track ends (and the sender with it) rather than leave `recv` waiting
+            logger.exception("the assistant's track failed to make a packet")
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(out.put_nowait, None)
+
+    async def recv(self) -> Media:
         if self.readyState != "live":
             raise MediaStreamError
-        loop = asyncio.get_running_loop()
-        if self._start is None:
-            self._start = loop.time()
-        else:  # an absolute schedule: no drift
-            self._pts += PTIME_SAMPLES
-            await asyncio.sleep(self._start + self._pts / WIRE_RATE - loop.time())
-        begins = self._taken_total
-        pcm16 = self._next_packet()
-        self._report_sent(begins)
-        frame = av.AudioFrame.from_ndarray(pcm16.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate, frame.pts, frame.time_base = WIRE_RATE, self._pts, fractions.Fraction(1, WIRE_RATE)
-        return frame
+        if self._out is None:
+            self._out = asyncio.Queue()
+            self._thread = threading.Thread(target=self._run, args=(asyncio.get_running_loop(), self._out),
+                                            name=self.thread_name, daemon=True)
+            self._thread.start()
+        item = await self._out.get()
+        if item is None:
+            raise MediaStreamError
+        media, started = item
+        for frame in started:
+            self._sent(frame, media.pts // SLOT)
+        return media
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._inbox.put(None)
+        super().stop()
+
+
+def _opus_encoder() -> Callable[[np.ndarray], av.Packet]:
+    """24 kHz mono int16, a packet's worth at a time, to one Opus packet (libopus's packet time set
+    to match, so nothing is held back)."""
+    codec = av.CodecContext.create("libopus", "w")
+    codec.sample_rate, codec.layout, codec.format, codec.bit_rate = RATE, "mono", "s16", OPUS_BITRATE
+    codec.time_base = fractions.Fraction(1, RATE)
+    codec.options = {"application": "voip", "frame_duration": str(PTIME_SAMPLES * 1000 // RATE)}
+
+    def encode(pcm: np.ndarray) -> av.Packet:
+        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = RATE
+        (packet,) = codec.encode(frame)
+        return packet
+
+    return encode
+
+
+def _wire_frames() -> Callable[[np.ndarray], av.AudioFrame]:
+    """24 kHz mono int16 to 48 kHz frames, for aiortc's own encoder."""
+    upsample = Resampler(RATE, WIRE_RATE)
+
+    def frame(pcm: np.ndarray) -> av.AudioFrame:
+        pcm48 = (np.clip(upsample(pcm.astype(np.float32) / 32767), -1.0, 1.0) * 32767).astype(np.int16)
+        out = av.AudioFrame.from_ndarray(pcm48.reshape(1, -1), format="s16", layout="mono")
+        out.sample_rate = WIRE_RATE
+        return out
+
+    return frame

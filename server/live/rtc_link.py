@@ -36,7 +36,7 @@ class WebRTCLink:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # host candidates: no STUN round trip
         self.track = AssistantTrack(self._frame_sent if timing else None)
         self.hear: Callable[[np.ndarray], None] | None = None  # the user's audio, 24 kHz float32 mono
-        self.frame_sent: Callable[[int, int], None] | None = None  # with timing: (frame, RTP packet) as each goes
+        self.frame_sent: Callable[[int, int], None] | None = None  # with timing: (frame, 20 ms slot of its RTP packet)
         self._inbox: asyncio.Queue[Message | None] = asyncio.Queue()  # None: the peer has gone
         self._channel = None
         self._channel_open = asyncio.Event()
@@ -56,6 +56,7 @@ class WebRTCLink:
         kinds = {t.kind for t in self.pc.getTransceivers()}
         if "audio" not in kinds or self.pc.sctp is None:
             raise LiveError("invalid_sdp", "The offer needs one audio track and a data channel.", "transport.sdp")
+        self.track.thread_name = f"opus-out-{self.name}"
         self.pc.addTrack(self.track)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         audio = next(t for t in self.pc.getTransceivers() if t.kind == "audio")

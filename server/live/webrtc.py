@@ -199,8 +199,9 @@ async def start(services: Services, config: SessionConfig, offer: str, media: di
         vad = await asyncio.to_thread(silero_session) if mapping.standby is not None else None
         carrier = LiveCarrier(runner, tandem, mapping, link.track.play, permissions, vad)
         link.hear = carrier.hear
-        # with ?kame_timing=1: which RTP packet of the track (from 0) carried the start of each of the session's
-        # frames, so that a client can time the audio of each frame (the bench)
+        # with ?kame_timing=1: which RTP packet of the track carried the start of each of the session's frames, as
+        # the 20 ms slot of the RTP clock (from the track's first packet) where it begins, whatever the packet
+        # time, so that a client can time the audio of each frame (the bench)
         link.frame_sent = lambda frame, packet: carrier.send_event(
             mapping.outbox.event("kame.output_audio.sent", frame=frame, packet=packet), True)
         carrier.carry_out()
