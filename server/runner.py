@@ -124,6 +124,11 @@ class SessionRunner:
         self._started = self._last_message = self.clock.now()
         self._opened = False
         self._sending_since: float | None = None
+        settings = self.settings
+        self._reasons = {  # each limit's Limit args
+            "length": (1000, f"the session reached its {settings.max_session_s:.0f} s limit"),
+            "idle": (1001, f"no message for {settings.idle_timeout_s:.0f} s", "limit"),
+            "unread": (1008, f"the client has not read for {settings.send_timeout_s:.0f} s")}
         self._watchdog = DeadlineTimer(self.clock, self._next_limit, self._check_limits, f"session {self.id} limits")
 
     # ---------------------------------------------------------------- what carriers use
@@ -262,27 +267,26 @@ class SessionRunner:
 
     # ---------------------------------------------------------------- limits, on the session's clock
 
-    def _limits(self) -> list[tuple[float, Limit]]:
-        settings = self.settings
-        limits = [(self._started + settings.max_session_s,
-                   Limit(1000, f"the session reached its {settings.max_session_s:.0f} s limit"))]
+    def _limits(self) -> list[tuple[float, tuple]]:
+        """(deadline, the Limit's args) of each limit in force: asked on every send (the watchdog's next
+        deadline), so the reasons that depend on the settings alone are written once, in `_reasons`."""
+        settings, reasons = self.settings, self._reasons
+        limits = [(self._started + settings.max_session_s, reasons["length"])]
         if not self._opened:
-            limits.append((self._started + settings.idle_timeout_s, Limit(1001, self.link.unopened, "limit")))
+            limits.append((self._started + settings.idle_timeout_s, (1001, self.link.unopened, "limit")))
         elif self.link.idle_limited:
-            limits.append((self._last_message + settings.idle_timeout_s,
-                           Limit(1001, f"no message for {settings.idle_timeout_s:.0f} s", "limit")))
+            limits.append((self._last_message + settings.idle_timeout_s, reasons["idle"]))
         if self._sending_since is not None:
-            limits.append((self._sending_since + settings.send_timeout_s,
-                           Limit(1008, f"the client has not read for {settings.send_timeout_s:.0f} s")))
+            limits.append((self._sending_since + settings.send_timeout_s, reasons["unread"]))
         return limits
 
     def _next_limit(self) -> float:
         return min(at for at, _ in self._limits())
 
     def _check_limits(self, now: float) -> None:
-        for at, limit in self._limits():
+        for at, args in self._limits():
             if now >= at:
-                raise limit
+                raise Limit(*args)
 
     # ---------------------------------------------------------------- closing
 

@@ -90,8 +90,7 @@ class LiveCarrier:
 
     async def on_message(self, message: Message) -> None:
         text = message if isinstance(message, str) else None
-        if self.permissions is not None and not self.permissions.may_send(_event_type(text)):
-            kind = _event_type(text)
+        if self.permissions is not None and not self.permissions.may_send(kind := _event_type(text)):
             raise LiveError("event_not_allowed", f"{kind} is not among this data channel's allowed client events "
                             "(session.client.data_channel.allowed_client_events).", "type")
         try:
