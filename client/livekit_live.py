@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import re
 from collections.abc import Callable
 
 import numpy as np
@@ -15,14 +14,11 @@ from livekit import rtc
 from livekit.agents import Agent, AgentSession
 from livekit.plugins.openai.realtime import GPTLiveModel
 
+from kame.eval.conditions import words
 from kame.pcm import pcm16_encode
 
 RATE = 24000
 CHUNK = int(RATE * 0.08)  # one KAME frame per push
-
-
-def words(text: str) -> list[str]:
-    return re.findall(r"[a-z']+", text.lower())
 
 
 class Log:

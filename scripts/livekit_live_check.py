@@ -23,7 +23,8 @@ import numpy as np
 from livekit.agents import Agent
 from livekit.plugins.openai.realtime import GPTLiveModel
 
-from client.livekit_live import RATE, Log, answer_with, converse, words
+from client.livekit_live import RATE, Log, answer_with, converse
+from kame.eval.conditions import words
 
 TAIL_S = 3  # seconds of silence sent at least, for the user's last words to come back
 ANSWER = "Zebras sing in Oslo."  # words only this script supplies: heard back, they prove the round trip

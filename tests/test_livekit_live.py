@@ -17,8 +17,9 @@ pytest.importorskip("livekit.plugins.openai.realtime", reason="needs the dev ext
 from livekit.agents import Agent, function_tool
 from livekit.plugins.openai.realtime import GPTLiveModel
 
-from client.livekit_live import RATE, Log, answer_with, converse, words
+from client.livekit_live import RATE, Log, answer_with, converse
 
+from .conftest import words
 from .server_harness import wait_until_all_slots_free
 
 pytestmark = pytest.mark.slow
