@@ -149,7 +149,7 @@ def tick(track: AssistantTrack) -> np.ndarray:
     """What the track's thread does at a packet's time, and what `recv` reports on the loop."""
     packet, started = track._make(Raw)
     for frame in started:
-        track._sent(frame, packet.pts // SLOT)
+        track.sent(frame, packet.pts // SLOT)
     return packet.pcm
 
 

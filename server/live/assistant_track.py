@@ -52,7 +52,8 @@ class AssistantTrack(MediaStreamTrack):
 
     def __init__(self, sent: Callable[[int, int], None] | None = None) -> None:
         super().__init__()
-        self._sent = sent  # (frame, slot): a frame's first sample went out in the packet at that 20 ms slot
+        # (frame, slot): a frame's first sample went out in the packet at that 20 ms slot; set before the first `play`
+        self.sent = sent
         self.encoded = sends_opus_packets()
         self.packet = PTIME_SAMPLES if self.encoded else BLOCK  # 24 kHz samples a packet
         self.thread_name = "opus-out"
@@ -79,7 +80,7 @@ class AssistantTrack(MediaStreamTrack):
 
     def _enqueue(self, pcm: np.ndarray, frame: int | None) -> None:
         chunk = (np.clip(np.asarray(pcm, np.float32), -1.0, 1.0) * 32767).astype(np.int16)
-        if self._sent is not None and frame is not None:
+        if self.sent is not None and frame is not None:
             self._frames.append((frame, self._queued_total))
         self._queued.append(chunk)
         self._samples += len(chunk)
@@ -237,7 +238,7 @@ class AssistantTrack(MediaStreamTrack):
             raise MediaStreamError
         media, started = item
         for frame in started:
-            self._sent(frame, media.pts // SLOT)
+            self.sent(frame, media.pts // SLOT)
         return media
 
     def stop(self) -> None:

@@ -30,13 +30,12 @@ class WebRTCLink:
     idle_limited = False  # the audio comes on the track: the data channel may stay quiet
     unopened = "no data channel 'oai-events'"
 
-    def __init__(self, timing: bool = False) -> None:
+    def __init__(self) -> None:
         self.name = ""  # the session's id, for the logs and the decoder's thread
         send_cheaply()
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # host candidates: no STUN round trip
-        self.track = AssistantTrack(self._frame_sent if timing else None)
+        self.track = AssistantTrack()
         self.hear: Callable[[np.ndarray], None] | None = None  # the user's audio, 24 kHz float32 mono
-        self.frame_sent: Callable[[int, int], None] | None = None  # with timing: (frame, 20 ms slot of its RTP packet)
         self._inbox: asyncio.Queue[Message | None] = asyncio.Queue()  # None: the peer has gone
         self._channel = None
         self._channel_open = asyncio.Event()
@@ -138,10 +137,6 @@ class WebRTCLink:
     def _on_state(self) -> None:
         if self.pc.connectionState in ("failed", "closed"):
             self._inbox.put_nowait(None)
-
-    def _frame_sent(self, frame: int, packet: int) -> None:
-        if self.frame_sent is not None:
-            self.frame_sent(frame, packet)
 
     async def _listen(self) -> None:
         """The user's audio as 24 kHz mono float32 for `hear`: from `OpusInput` as each packet decodes,

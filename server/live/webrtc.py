@@ -179,7 +179,7 @@ async def start(services: Services, config: SessionConfig, offer: str, media: di
                 timing: bool = False, clock: Clock | None = None) -> WebRTCSession:
     """Take a slot, start the mapping and answer the offer; the caller runs `runner.run` (LiveError,
     EngineError; everything is given back on a failure)."""
-    link = WebRTCLink(timing)
+    link = WebRTCLink()
     runner = SessionRunner(services, link, "live-webrtc", clock)
     link.name = runner.id
     try:
@@ -202,8 +202,9 @@ async def start(services: Services, config: SessionConfig, offer: str, media: di
         # with ?kame_timing=1: which RTP packet of the track carried the start of each of the session's frames, as
         # the 20 ms slot of the RTP clock (from the track's first packet) where it begins, whatever the packet
         # time, so that a client can time the audio of each frame (the bench)
-        link.frame_sent = lambda frame, packet: carrier.send_event(
-            mapping.outbox.event("kame.output_audio.sent", frame=frame, packet=packet), True)
+        if timing:
+            link.track.sent = lambda frame, packet: carrier.send_event(
+                mapping.outbox.event("kame.output_audio.sent", frame=frame, packet=packet), True)
         carrier.carry_out()
         answer_sdp = await link.answer(offer)
     except BaseException:  # the POST failed after the slot was taken: give everything back
