@@ -24,8 +24,10 @@ from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSes
 from aiortc.mediastreams import MediaStreamError
 
 from client.client import ServerRefused, opening
+from kame import opus
+from kame.audio import SAMPLE_RATE
 from kame.pcm import Resampler, pcm16_decode, pcm16_encode
-from kame.rtc import OpusInput, receive_opus, send_cheaply
+from kame.rtc import OpusInput, ptime, receive_opus, send_cheaply, sends_opus_packets
 
 LIVE_PATH = "/v1/live/sessions"
 # client delegation: KAME calls no LLM (as /api/chat without ASR calls none: it has no transcript)
@@ -112,36 +114,47 @@ def client_frames(back: list[tuple[int, float]], probes: list[tuple[int, int]], 
 
 
 class _Microphone(MediaStreamTrack):
-    """The client's track: each 80 ms frame given to `say` goes out at once as four 20 ms packets (the
-    moment the whole frame exists, as the WebSocket client sends it); nothing between frames."""
+    """The client's track: each 80 ms frame given to `say` goes out at once (the moment the whole frame
+    exists, as the WebSocket client sends it) as packets of the length the server's answer asks for
+    (a=ptime, `ptime_ms`, as Chromium follows it), encoded here with libopus at 24 kHz; where this
+    aiortc cannot send encoded packets or there is no libopus to call, 20 ms frames for aiortc's
+    encoder. Nothing between frames."""
 
     kind = "audio"
 
     def __init__(self) -> None:
         super().__init__()
+        self.ptime_ms = 20
         self._packets: asyncio.Queue[np.ndarray | None] = asyncio.Queue()
-        self._upsample = Resampler(24000, 48000)
+        self._encoder = opus.Encoder(SAMPLE_RATE, 48000, complexity=5) if (
+            sends_opus_packets() and opus.library() is not None) else None
+        self._upsample = Resampler(SAMPLE_RATE, WIRE_RATE)
         self._pending = np.zeros(0, np.float32)
         self._pts = 0
 
     def say(self, pcm: np.ndarray) -> None:
-        self._pending = np.concatenate([self._pending, self._upsample(pcm.astype(np.float32))])
-        while len(self._pending) >= PACKET:
-            self._packets.put_nowait(self._pending[:PACKET])
-            self._pending = self._pending[PACKET:]
+        self._pending = np.concatenate([self._pending, pcm.astype(np.float32)])
+        size = SAMPLE_RATE * (self.ptime_ms if self._encoder is not None else 20) // 1000
+        while len(self._pending) >= size:
+            self._packets.put_nowait(self._pending[:size])
+            self._pending = self._pending[size:]
 
     def end(self) -> None:
         self._packets.put_nowait(None)
 
-    async def recv(self) -> av.AudioFrame:
+    async def recv(self) -> av.Packet | av.AudioFrame:
         chunk = await self._packets.get()
         if chunk is None or self.readyState != "live":
             raise MediaStreamError
-        pcm16 = (np.clip(chunk, -1.0, 1.0) * 32767).astype(np.int16)
-        frame = av.AudioFrame.from_ndarray(pcm16.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate, frame.pts, frame.time_base = WIRE_RATE, self._pts, fractions.Fraction(1, WIRE_RATE)
-        self._pts += PACKET
-        return frame
+        if self._encoder is not None:
+            media = av.Packet(self._encoder.encode((np.clip(chunk, -1.0, 1.0) * 32767).astype(np.int16)))
+        else:
+            pcm16 = (np.clip(self._upsample(chunk), -1.0, 1.0) * 32767).astype(np.int16)
+            media = av.AudioFrame.from_ndarray(pcm16.reshape(1, -1), format="s16", layout="mono")
+            media.sample_rate = WIRE_RATE
+        media.pts, media.time_base = self._pts, fractions.Fraction(1, WIRE_RATE)
+        self._pts += len(chunk) * WIRE_RATE // SAMPLE_RATE
+        return media
 
 
 class LiveWebRTC:
@@ -180,6 +193,7 @@ class LiveWebRTC:
             answer = await asyncio.to_thread(_post_offer, url, token, session or CLIENT_DELEGATION,
                                              pc.localDescription.sdp, timing)
             await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+            microphone.ptime_ms = ptime(answer)
             audio = next(t for t in pc.getTransceivers() if t.kind == "audio")
             client.opus = receive_opus(audio, name="bench-opus-in", observe=client._arrived)
             await asyncio.wait_for(client.started.wait(), 30)

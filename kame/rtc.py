@@ -30,6 +30,9 @@ from aiortc import RTCRtpTransceiver
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.rtp import RtpPacket
 
+from kame import opus
+from kame.audio import SAMPLE_RATE
+from kame.opus import OpusError
 from kame.pcm import Resampler
 
 logger = logging.getLogger(__name__)
@@ -115,6 +118,7 @@ class OpusInput:
     def __init__(self, loop: asyncio.AbstractEventLoop, name: str = "opus-in") -> None:
         self.frames: asyncio.Queue[np.ndarray | None] = asyncio.Queue()
         self.undecodable = 0
+        self.packet_ms: int | None = None  # how long the last packet decoded lasted
         self.gate: ReorderGate | None = None  # set by `receive_opus`
         self._loop = loop
         self._packets: queue.SimpleQueue[tuple[int, bytes] | None] = queue.SimpleQueue()
@@ -128,26 +132,81 @@ class OpusInput:
         self._packets.put(None)
 
     def _decode_all(self) -> None:
-        decoder = av.CodecContext.create("libopus", "r")
-        decoder.format, decoder.layout, decoder.sample_rate = "s16", "stereo", OPUS_RATE
-        halve = Resampler(48000, 24000)
+        decode = _decoder()
         while (item := self._packets.get()) is not None:
             lost, payload = item
-            pcm = [np.zeros(PACKET_SAMPLES * min(lost, MAX_FILL), np.float32)] if lost else []
             try:
-                for frame in decoder.decode(av.Packet(payload)):
-                    samples = frame.to_ndarray().reshape(-1, len(frame.layout.channels))
-                    pcm.append(samples.mean(axis=1, dtype=np.float32) / 32768.0)
-            except av.FFmpegError:
+                lost = min(lost, MAX_FILL)
+                pcm = decode(payload, lost)
+            except (av.FFmpegError, OpusError):
                 self.undecodable += 1
                 logger.debug("an Opus packet did not decode", exc_info=True)
-            if pcm and len(out := halve(np.concatenate(pcm))):
-                self._deliver(out)
+                continue
+            if len(pcm):
+                self.packet_ms = 1000 * len(pcm) // ((lost + 1) * SAMPLE_RATE)
+                self._deliver(pcm)
         self._deliver(None)
 
     def _deliver(self, pcm: np.ndarray | None) -> None:
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening
             self._loop.call_soon_threadsafe(self.frames.put_nowait, pcm)
+
+
+def _decoder() -> Callable[[bytes, int], np.ndarray]:
+    """(packet, packets lost just before it) -> 24 kHz mono float32: libopus decoding at 24 kHz, its
+    loss concealment for the lost ones; where it cannot be called, PyAV's (48 kHz, downmixed and
+    halved; silence for the lost ones)."""
+    if opus.library() is not None:
+        decoder = opus.Decoder(SAMPLE_RATE)
+
+        def direct(payload: bytes, lost: int) -> np.ndarray:
+            made = decoder.conceal(lost) if lost else None
+            pcm = decoder.decode(payload)
+            return np.concatenate([made, pcm]) if made is not None else pcm
+
+        return direct
+    codec = av.CodecContext.create("libopus", "r")
+    codec.format, codec.layout, codec.sample_rate = "s16", "stereo", OPUS_RATE
+    halve = Resampler(OPUS_RATE, SAMPLE_RATE)
+
+    def through_pyav(payload: bytes, lost: int) -> np.ndarray:
+        pcm = [np.zeros(PACKET_SAMPLES * lost, np.float32)] if lost else []
+        for frame in codec.decode(av.Packet(payload)):
+            samples = frame.to_ndarray().reshape(-1, len(frame.layout.channels))
+            pcm.append(samples.mean(axis=1, dtype=np.float32) / 32768.0)
+        return halve(np.concatenate(pcm)) if pcm else np.zeros(0, np.float32)
+
+    return through_pyav
+
+
+def with_ptime(sdp: str, ptime_ms: int) -> str:
+    """`sdp` asking for `ptime_ms` packets on its audio (RFC 4566's a=ptime, which Chromium's Opus
+    encoder follows): a receiver's work is per packet, not per second of audio."""
+    out, audio, asked = [], False, False
+    for line in sdp.split("\r\n"):
+        if line.startswith("m="):
+            audio, asked = line.startswith("m=audio"), False
+        elif audio and line.startswith("a=ptime:"):
+            continue
+        if audio and not asked and line.startswith("a="):  # attributes come after m=, c= and b= lines
+            out.append(f"a=ptime:{ptime_ms}")
+            asked = True
+        out.append(line)
+    return "\r\n".join(out)
+
+
+def ptime(sdp: str, default: int = 20) -> int:
+    """The packet time the audio of `sdp` asks for (a=ptime), `default` where it does not say."""
+    audio = False
+    for line in sdp.splitlines():
+        if line.startswith("m="):
+            audio = line.startswith("m=audio")
+        elif audio and line.startswith("a=ptime:"):
+            try:
+                return int(float(line.split(":", 1)[1]))
+            except ValueError:
+                return default
+    return default
 
 
 def audio_level_dbov(frame: av.AudioFrame) -> int:

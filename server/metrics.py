@@ -47,6 +47,8 @@ class Metrics:
                                           "realtime, live, live-webrtc)", ["transport"], registry=r)
         self.delegations = Counter("kame_live_delegations_total", "GPT-Live delegations by target (responses, "
                                    "client)", ["target"], registry=r)
+        self.webrtc_peer_packets = Counter("kame_webrtc_peer_packet_sessions_total", "WebRTC sessions ended, by how "
+                                           "long the peer's Opus packets lasted (ms)", ["ms"], registry=r)
         self.sessions_refused = Counter("kame_sessions_refused_total", "connections refused (no slot)", registry=r)
         self.frames_stepped = Counter("kame_frames_stepped_total", "session-frames stepped by the engine",
                                       registry=r)

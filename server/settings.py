@@ -99,6 +99,10 @@ class RealtimeSettings(BaseModel):
     # GPT-Live: the assistant's audio goes out as zeros after this long without a word from the front-end, as
     # GPT-Live's own silence (server/live/silence.py); 0: as the front-end makes it
     live_zero_silence_s: float = Field(1.0, ge=0, le=10)
+    # GPT-Live over WebRTC: libopus's effort encoding the assistant's voice (0-10; 10 takes twice 5's CPU)
+    webrtc_opus_complexity: int = Field(5, ge=0, le=10)
+    # GPT-Live over WebRTC: the packet time asked of the peer (a=ptime); 40 halves 20's packets, for ~10 ms of delay
+    webrtc_uplink_ptime_ms: Literal[20, 40, 60] = 40
 
 
 class EchoSettings(_options_table(EchoOptions)):

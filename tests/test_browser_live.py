@@ -23,6 +23,8 @@ def count(selector: str) -> str:
 def test_page_talks_gpt_live_over_webrtc_and_draws_the_timeline(tandem_server, question_wav):  # noqa: F811
     url, services = tandem_server
     sessions_before = services.metrics.transport_sessions.labels("live-webrtc")._value.get()
+    asked_40ms = services.metrics.webrtc_peer_packets.labels("40")
+    forty_before = asked_40ms._value.get()
 
     async def scenario():
         manager, browser, page = await open_page(question_wav)
@@ -60,6 +62,10 @@ def test_page_talks_gpt_live_over_webrtc_and_draws_the_timeline(tandem_server, q
             await page.get_by_role("button", name="Stop").click()
             await page.wait_for_function("document.querySelector('[data-testid=status]').textContent === 'idle'",
                                          timeout=5000)
+            for _ in range(50):  # the server's side of the session ends
+                if asked_40ms._value.get() > forty_before:
+                    break
+                await asyncio.sleep(0.1)
             return result
         finally:
             await browser.close()
@@ -85,3 +91,5 @@ def test_page_talks_gpt_live_over_webrtc_and_draws_the_timeline(tandem_server, q
     assert result["first_answer"] is not None and result["user_end"] is not None
     assert "first words came" in result["summary"]
     assert services.metrics.transport_sessions.labels("live-webrtc")._value.get() == sessions_before + 1
+    # Chromium's microphone packets are as long as the server's answer asked (a=ptime:40), not its 20 ms default
+    assert asked_40ms._value.get() == forty_before + 1, services.metrics.webrtc_peer_packets.collect()

@@ -24,6 +24,8 @@ from openai import AsyncOpenAI
 from openai.types.live import ServerEvent
 from pydantic import TypeAdapter
 
+from kame.rtc import ptime
+
 from .conftest import words
 from .server_harness import running_server, wait_until_all_slots_free
 
@@ -183,6 +185,7 @@ def test_a_spoken_question_over_webrtc_with_client_delegation(tandem_server, voi
     body, peer = asyncio.run(go())
     assert body["session"]["id"] and body["transport"]["type"] == "webrtc"
     assert body["transport"]["sdp"].startswith("v=0") and "opus/48000" in body["transport"]["sdp"].lower()
+    assert ptime(body["transport"]["sdp"]) == 40  # the client's packets: half the server's work of 20 ms ones
     assert peer.events[0]["type"] == "session.started"
     assert peer.events[0]["session"]["id"] == body["session"]["id"]
     assert "format" not in peer.events[0]["session"]["audio"]

@@ -12,12 +12,14 @@ from dataclasses import dataclass
 import av
 import numpy as np
 import pytest
+from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.codecs.opus import OpusEncoder
 from aiortc.mediastreams import MediaStreamError
 from aiortc.rtp import compute_audio_level_dbov
 
+from kame import opus
 from kame.pcm import Resampler
-from kame.rtc import OpusInput, ReorderGate, audio_level_dbov, receive_opus
+from kame.rtc import OpusInput, ReorderGate, audio_level_dbov, ptime, receive_opus, with_ptime
 from server.live.assistant_track import BLOCK, PTIME_SAMPLES, SLOT, AssistantTrack
 
 
@@ -81,7 +83,10 @@ def _opus_packets(pcm48: np.ndarray) -> list[bytes]:
     return packets
 
 
-def test_opus_input_decodes_each_packet_as_it_comes_at_24khz():
+@pytest.mark.parametrize("direct", [True, False], ids=["libopus", "pyav"])
+def test_opus_input_decodes_each_packet_as_it_comes_at_24khz(direct, monkeypatch):
+    if not direct:  # no libopus to call: PyAV's decoder, at 48 kHz, halved
+        monkeypatch.setattr("kame.rtc.opus.library", lambda: None)
     tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(48000) / 48000)).astype(np.float32)
     packets = _opus_packets(tone)
 
@@ -99,9 +104,62 @@ def test_opus_input_decodes_each_packet_as_it_comes_at_24khz():
         return sizes, last, opus.undecodable
 
     sizes, last, undecodable = asyncio.run(scenario())
-    assert sizes == [480] * 5 + [480 * 3] + [480] * 4  # two lost packets filled with 40 ms of silence
+    assert sizes == [480] * 5 + [480 * 3] + [480] * 4  # two lost packets made up (libopus) or silence (PyAV)
     assert 0.15 < np.abs(last).max() < 0.45 and len(last) == 480
     assert undecodable == 1
+
+
+def test_libopus_called_directly_speaks_the_peers_opus():
+    """kame.opus against FFmpeg's libopus wrapper (PyAV) and aiortc's encoder, the peers' definitions:
+    their packets decode at 24 kHz, ours decode in FFmpeg, any packet time; bad bytes are an OpusError."""
+    tone48 = (0.3 * np.sin(2 * np.pi * 440 * np.arange(48000) / 48000)).astype(np.float32)
+    decoder, packets = opus.Decoder(24000), _opus_packets(tone48)
+    theirs = [decoder.decode(p) for p in packets]
+    assert {len(pcm) for pcm in theirs} == {480}
+    ffmpeg = av.CodecContext.create("libopus", "r")  # the same packets through FFmpeg, downmixed
+    ffmpeg.format, ffmpeg.layout, ffmpeg.sample_rate = "s16", "stereo", 48000
+    reference = np.concatenate([f.to_ndarray().reshape(-1, 2).mean(axis=1) / 32768
+                                for p in packets for f in ffmpeg.decode(av.Packet(p))])
+    assert abs(np.concatenate(theirs)[2400:].std() / reference[4800:].std() - 1) < 0.05
+    assert len(decoder.conceal(3)) == 3 * 480 and decoder.last_samples == 480
+    with pytest.raises(opus.OpusError, match="opus_decode_float"):
+        decoder.decode(b"\xff\xff\xff\xff")
+
+    tone24 = (0.3 * np.sin(2 * np.pi * 440 * np.arange(24000) / 24000) * 32767).astype(np.int16)
+    ffmpeg = av.CodecContext.create("libopus", "r")
+    ffmpeg.format, ffmpeg.layout, ffmpeg.sample_rate = "s16", "mono", 48000
+    for ms, complexity in ((20, 10), (40, 5), (60, 0)):
+        encoder, size = opus.Encoder(24000, 48000, complexity), 24 * ms
+        ours = [encoder.encode(tone24[i:i + size]) for i in range(0, len(tone24) - size + 1, size)]
+        decoded = [np.concatenate([f.to_ndarray().reshape(-1) for f in ffmpeg.decode(av.Packet(p))]) for p in ours]
+        assert {len(pcm) for pcm in decoded} == {48 * ms}, ms
+        level = np.concatenate(decoded)[4800:].astype(np.float32).std() / 32767
+        assert abs(level / (0.3 / np.sqrt(2)) - 1) < 0.1, (ms, level)
+
+
+def test_an_answer_asks_for_the_packet_time_in_its_audio_section():
+    async def answer() -> str:
+        offerer, answerer = RTCPeerConnection(), RTCPeerConnection()
+        offerer.addTransceiver("audio")
+        offerer.createDataChannel("oai-events")
+        await offerer.setLocalDescription(await offerer.createOffer())
+        await answerer.setRemoteDescription(offerer.localDescription)
+        answerer.addTrack(AssistantTrack())
+        await answerer.setLocalDescription(await answerer.createAnswer())
+        sdp = answerer.localDescription.sdp
+        asked = with_ptime(sdp, 40)
+        await offerer.setRemoteDescription(RTCSessionDescription(asked, "answer"))  # aiortc reads it
+        await offerer.close()
+        await answerer.close()
+        return sdp, asked
+
+    sdp, asked = asyncio.run(answer())
+    assert ptime(sdp) == 20 and ptime(asked) == 40 and ptime(with_ptime(asked, 60)) == 60
+    audio, application = asked.split("m=application")
+    assert audio.count("a=ptime:40") == 1 and "a=ptime" not in application
+    lines = audio[audio.index("m=audio"):].split("\r\n")
+    first_attribute = next(i for i, line in enumerate(lines) if line.startswith("a="))
+    assert lines[first_attribute] == "a=ptime:40" and lines[first_attribute - 1].startswith("c=")
 
 
 @pytest.mark.parametrize("layout", ["mono", "stereo"])
@@ -206,7 +264,10 @@ def run_track(track: AssistantTrack, packets: int) -> list:
     return asyncio.run(scenario())
 
 
-def test_the_track_gives_aiortc_40ms_opus_packets_on_the_rtp_clock():
+@pytest.mark.parametrize("direct", [True, False], ids=["libopus", "pyav"])
+def test_the_track_gives_aiortc_40ms_opus_packets_on_the_rtp_clock(direct, monkeypatch):
+    if not direct:
+        monkeypatch.setattr("server.live.assistant_track.opus.library", lambda: None)
     sent = []
     track = AssistantTrack(lambda frame, packet: sent.append((frame, packet)))
     assert track.encoded  # aiortc 1.16 packs them as they are
@@ -251,3 +312,29 @@ def test_a_frame_goes_out_as_it_comes_not_at_the_schedules_next_tick():
     assert came < 0.25 * PTIME_SAMPLES / 24000, came  # its time was 20 ms on (silence waits GRACE_S)
     assert spaced > 0.75 * PTIME_SAMPLES / 24000, spaced  # no burst: a packet's time apart
     assert (first.pts, second.pts) == (1920, 3840)  # the RTP timeline stays whole
+
+
+def test_the_bench_microphone_sends_the_packets_the_answer_asks_for():
+    """The load bench's client stands for a browser: packets as long as the server's a=ptime, decoded
+    by FFmpeg (the peer's decoder) to that length, stamped on the 48 kHz RTP clock."""
+    from client.live_client import _Microphone
+
+    async def scenario(ptime_ms: int) -> list:
+        microphone = _Microphone()
+        microphone.ptime_ms = ptime_ms
+        microphone.say(SPEECH)
+        microphone.say(SPEECH)
+        microphone.end()
+        got = []
+        with pytest.raises(MediaStreamError):
+            while True:
+                got.append(await microphone.recv())
+        return got
+
+    for ptime_ms in (20, 40):
+        packets = asyncio.run(scenario(ptime_ms))
+        assert len(packets) == 160 // ptime_ms and all(isinstance(p, av.Packet) for p in packets)
+        assert [p.pts for p in packets] == [48 * ptime_ms * i for i in range(len(packets))]
+        ffmpeg = av.CodecContext.create("libopus", "r")
+        ffmpeg.format, ffmpeg.layout, ffmpeg.sample_rate = "s16", "mono", 48000
+        assert {sum(f.samples for f in ffmpeg.decode(av.Packet(bytes(p)))) for p in packets} == {48 * ptime_ms}

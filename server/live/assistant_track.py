@@ -19,6 +19,7 @@ import numpy as np
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
+from kame import opus
 from kame.pcm import Resampler
 from kame.rtc import sends_opus_packets
 
@@ -35,6 +36,7 @@ HURRY_SAMPLES = (60, 120)  # 2.5 or 5 ms (past 40 ms behind) out of each 20 ms o
 GRACE_S = 0.02  # a packet whose audio is not all there at its time waits this much more for it
 SILENT_PEAK = 1e-3  # of full scale: a packet under it is silence (skippable)
 OPUS_BITRATE = 48000  # mono voice, 12 kHz of band
+OPUS_COMPLEXITY = 5  # libopus's effort (0-10): half the time of 10 (docs/benchmarks.md), as libwebrtc on phones
 
 Media = av.Packet | av.AudioFrame  # what the track gives aiortc's sender: encoded, or for its encoder
 
@@ -50,11 +52,12 @@ class AssistantTrack(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self, sent: Callable[[int, int], None] | None = None) -> None:
+    def __init__(self, sent: Callable[[int, int], None] | None = None, complexity: int = OPUS_COMPLEXITY) -> None:
         super().__init__()
         # (frame, slot): a frame's first sample went out in the packet at that 20 ms slot; set before the first `play`
         self.sent = sent
         self.encoded = sends_opus_packets()
+        self.complexity = complexity
         self.packet = PTIME_SAMPLES if self.encoded else BLOCK  # 24 kHz samples a packet
         self.thread_name = "opus-out"
         self._inbox: queue.SimpleQueue[tuple[np.ndarray, int | None] | None] = queue.SimpleQueue()  # `play`, `stop`
@@ -208,7 +211,7 @@ class AssistantTrack(MediaStreamTrack):
     def _run(self, loop: asyncio.AbstractEventLoop, out: asyncio.Queue) -> None:
         """Every packet at its time (an absolute schedule: no drift, moved only to take the frames'
         phase), until the track stops."""
-        encode = _opus_encoder() if self.encoded else _wire_frames()
+        encode = _opus_encoder(self.complexity) if self.encoded else _wire_frames()
         start, made = time.monotonic(), 0
         try:
             while True:
@@ -247,13 +250,17 @@ class AssistantTrack(MediaStreamTrack):
         super().stop()
 
 
-def _opus_encoder() -> Callable[[np.ndarray], av.Packet]:
-    """24 kHz mono int16, a packet's worth at a time, to one Opus packet (libopus's packet time set
-    to match, so nothing is held back)."""
+def _opus_encoder(complexity: int) -> Callable[[np.ndarray], av.Packet]:
+    """24 kHz mono int16, a packet's worth at a time, to one Opus packet: libopus called directly
+    (`kame.opus`), else through PyAV (libopus's packet time set to match, so nothing is held back)."""
+    if opus.library() is not None:
+        encoder = opus.Encoder(RATE, OPUS_BITRATE, complexity)
+        return lambda pcm: av.Packet(encoder.encode(pcm))
     codec = av.CodecContext.create("libopus", "w")
     codec.sample_rate, codec.layout, codec.format, codec.bit_rate = RATE, "mono", "s16", OPUS_BITRATE
     codec.time_base = fractions.Fraction(1, RATE)
-    codec.options = {"application": "voip", "frame_duration": str(PTIME_SAMPLES * 1000 // RATE)}
+    codec.options = {"application": "voip", "frame_duration": str(PTIME_SAMPLES * 1000 // RATE),
+                     "compression_level": str(complexity)}
 
     def encode(pcm: np.ndarray) -> av.Packet:
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")

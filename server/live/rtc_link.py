@@ -15,14 +15,15 @@ from aiortc.mediastreams import MediaStreamError
 
 from kame.audio import SAMPLE_RATE
 from kame.pcm import Resampler
-from kame.rtc import OpusInput, receive_opus, send_cheaply
-from server.live.assistant_track import AssistantTrack
+from kame.rtc import OpusInput, receive_opus, send_cheaply, with_ptime
+from server.live.assistant_track import OPUS_COMPLEXITY, AssistantTrack
 from server.live.client_events import LiveError
 from server.runner import CLOSE_LIMIT_S, Disconnected, Message
 
 logger = logging.getLogger(__name__)
 
 EVENTS_LABEL = "oai-events"  # the data channel the client creates
+UPLINK_PTIME_MS = 40  # the packets asked of the peer (its per-packet work and ours halved against 20 ms)
 SENT_GRACE_S = 0.1  # after SCTP took the last message, before the peer connection closes (unacked)
 
 
@@ -30,11 +31,11 @@ class WebRTCLink:
     idle_limited = False  # the audio comes on the track: the data channel may stay quiet
     unopened = "no data channel 'oai-events'"
 
-    def __init__(self) -> None:
+    def __init__(self, complexity: int = OPUS_COMPLEXITY, ptime_ms: int = UPLINK_PTIME_MS) -> None:
         self.name = ""  # the session's id, for the logs and the decoder's thread
         send_cheaply()
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # host candidates: no STUN round trip
-        self.track = AssistantTrack()
+        self.track = AssistantTrack(complexity=complexity)
         self.hear: Callable[[np.ndarray], None] | None = None  # the user's audio, 24 kHz float32 mono
         self._inbox: asyncio.Queue[Message | None] = asyncio.Queue()  # None: the peer has gone
         self._channel = None
@@ -42,6 +43,7 @@ class WebRTCLink:
         self._remote: MediaStreamTrack | None = None
         self._opus: OpusInput | None = None  # the user's audio, decoded as it arrives (`answer`)
         self._pc_closing: asyncio.Task | None = None
+        self._ptime_ms = ptime_ms
 
     async def answer(self, offer: str) -> str:
         """The SDP answer to the client's offer (LiveError for a bad one)."""
@@ -60,7 +62,12 @@ class WebRTCLink:
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         audio = next(t for t in self.pc.getTransceivers() if t.kind == "audio")
         self._opus = receive_opus(audio, name=f"opus-in-{self.name}")
-        return self.pc.localDescription.sdp
+        return with_ptime(self.pc.localDescription.sdp, self._ptime_ms)
+
+    @property
+    def peer_packet_ms(self) -> int | None:
+        """How long the peer's last Opus packet lasted (None before one, or on aiortc's own path)."""
+        return self._opus.packet_ms if self._opus is not None else None
 
     # ---------------------------------------------------------------- the runner's side
 

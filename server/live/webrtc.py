@@ -179,7 +179,8 @@ async def start(services: Services, config: SessionConfig, offer: str, media: di
                 timing: bool = False, clock: Clock | None = None) -> WebRTCSession:
     """Take a slot, start the mapping and answer the offer; the caller runs `runner.run` (LiveError,
     EngineError; everything is given back on a failure)."""
-    link = WebRTCLink()
+    rtc = services.settings.realtime
+    link = WebRTCLink(rtc.webrtc_opus_complexity, rtc.webrtc_uplink_ptime_ms)
     runner = SessionRunner(services, link, "live-webrtc", clock)
     link.name = runner.id
     try:
@@ -222,6 +223,8 @@ async def _run(session: WebRTCSession, tandem) -> None:
         await session.runner.run(tandem, session.carrier)
     finally:
         await session.link.close_peer()
+        if (packet_ms := session.link.peer_packet_ms) is not None:
+            session.runner.services.metrics.webrtc_peer_packets.labels(str(packet_ms)).inc()
 
 
 async def _start(request: Request, services: Services) -> WebRTCSession:
