@@ -111,45 +111,78 @@ class ReorderGate:
 
 
 class OpusInput:
-    """One peer's Opus packets decoded on a thread of their own (libopus at 48 kHz, downmixed,
-    halved to 24 kHz): `push` from the event loop never blocks, `frames` is where the PCM
-    comes out (None once closed). A packet that does not decode is skipped, and counted."""
+    """One peer's Opus packets decoded to 24 kHz mono float32 off the event loop, on the one thread
+    that decodes every peer's in this process (`_DECODING`): `push` from the event loop never blocks,
+    `frames` is where the PCM comes out (None once closed). A packet that does not decode is skipped,
+    and counted."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, name: str = "opus-in") -> None:
         self.frames: asyncio.Queue[np.ndarray | None] = asyncio.Queue()
         self.undecodable = 0
         self.packet_ms: int | None = None  # how long the last packet decoded lasted
         self.gate: ReorderGate | None = None  # set by `receive_opus`
+        self.name = name
         self._loop = loop
-        self._packets: queue.SimpleQueue[tuple[int, bytes] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._decode_all, name=name, daemon=True)
-        self._thread.start()
+        self._decode: Callable[[bytes, int], np.ndarray] | None = None  # made on the decoding thread
 
     def push(self, payload: bytes, lost_before: int = 0) -> None:
-        self._packets.put((lost_before, payload))
+        _DECODING.put((self, lost_before, payload))
 
     def close(self) -> None:
-        self._packets.put(None)
+        _DECODING.put((self, 0, None))
 
-    def _decode_all(self) -> None:
-        decode = _decoder()
-        while (item := self._packets.get()) is not None:
-            lost, payload = item
-            try:
-                lost = min(lost, MAX_FILL)
-                pcm = decode(payload, lost)
-            except (av.FFmpegError, OpusError):
-                self.undecodable += 1
-                logger.debug("an Opus packet did not decode", exc_info=True)
-                continue
-            if len(pcm):
-                self.packet_ms = 1000 * len(pcm) // ((lost + 1) * SAMPLE_RATE)
-                self._deliver(pcm)
-        self._deliver(None)
+    def _decode_one(self, lost: int, payload: bytes | None) -> None:
+        """On the decoding thread: one packet (None: the end)."""
+        if payload is None:
+            self._decode = None
+            self._deliver(None)
+            return
+        if self._decode is None:
+            self._decode = _decoder()
+        lost = min(lost, MAX_FILL)
+        try:
+            pcm = self._decode(payload, lost)
+        except (av.FFmpegError, OpusError):
+            self.undecodable += 1
+            logger.debug("%s: an Opus packet did not decode", self.name, exc_info=True)
+            return
+        if len(pcm):
+            self.packet_ms = 1000 * len(pcm) // ((lost + 1) * SAMPLE_RATE)
+            self._deliver(pcm)
 
     def _deliver(self, pcm: np.ndarray | None) -> None:
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening
             self._loop.call_soon_threadsafe(self.frames.put_nowait, pcm)
+
+
+class _Decoding:
+    """The thread that decodes every `OpusInput`'s packets, in arrival order (a packet is ~30 us of
+    libopus: one thread keeps up with hundreds of peers, and one waiting thread wakes where one per
+    peer would each wake and contend for the GIL), started with the first packet."""
+
+    def __init__(self) -> None:
+        self._packets: queue.SimpleQueue[tuple[OpusInput, int, bytes | None]] = queue.SimpleQueue()
+        self._started = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def put(self, item: tuple[OpusInput, int, bytes | None]) -> None:
+        if self._thread is None:
+            with self._started:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="opus-in", daemon=True)
+                    self._thread.start()
+        self._packets.put(item)
+
+    def _run(self) -> None:
+        while True:
+            opus_input, lost, payload = self._packets.get()
+            try:
+                opus_input._decode_one(lost, payload)
+            except Exception:  # one peer's failure is not every peer's
+                logger.exception("%s: decoding failed", opus_input.name)
+
+
+_DECODING = _Decoding()
 
 
 def _decoder() -> Callable[[bytes, int], np.ndarray]:
