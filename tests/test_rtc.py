@@ -20,7 +20,15 @@ from aiortc.rtp import compute_audio_level_dbov
 from kame import opus
 from kame.pcm import Resampler
 from kame.rtc import OpusInput, ReorderGate, audio_level_dbov, ptime, receive_opus, with_ptime
-from server.live.assistant_track import BLOCK, PTIME_SAMPLES, SLOT, AssistantTrack
+from server.live.assistant_track import (
+    BLOCK,
+    PTIME_SAMPLES,
+    SLOT,
+    AssistantTrack,
+    _opus_encoder,
+    _quiet_after_silence,
+    empty_frames,
+)
 
 
 @dataclass
@@ -338,3 +346,35 @@ def test_the_bench_microphone_sends_the_packets_the_answer_asks_for():
         ffmpeg = av.CodecContext.create("libopus", "r")
         ffmpeg.format, ffmpeg.layout, ffmpeg.sample_rate = "s16", "mono", 48000
         assert {sum(f.samples for f in ffmpeg.decode(av.Packet(bytes(p)))) for p in packets} == {48 * ptime_ms}
+
+
+def test_the_assistants_digital_silence_goes_out_as_empty_frames_past_its_first_packet():
+    """The silence gate's zeros are encoded once, then sent as Opus's empty frames (DTX), which the
+    peer's decoder (FFmpeg's) takes as 40 ms of silence each; speech after them is encoded again."""
+    encode = _quiet_after_silence(_opus_encoder(5))
+    speech = (0.3 * np.sin(2 * np.pi * 440 * np.arange(PTIME_SAMPLES) / 24000) * 32767).astype(np.int16)
+    silence = np.zeros(PTIME_SAMPLES, np.int16)
+    packets = [bytes(encode(pcm)) for pcm in [speech] * 3 + [silence] * 5 + [speech] * 3]
+    assert len(packets[3]) > 3  # the first packet of silence is encoded: the encoder has heard it
+    assert packets[4:8] == [packets[4]] * 4 and len(packets[4]) <= 2  # the rest: empty frames, not encoded
+    assert all(len(p) > 3 for p in packets[8:])  # speech again: encoded again
+    ffmpeg = av.CodecContext.create("libopus", "r")
+    ffmpeg.format, ffmpeg.layout, ffmpeg.sample_rate = "s16", "mono", 48000
+    decoded = [np.concatenate([f.to_ndarray().reshape(-1) for f in ffmpeg.decode(av.Packet(p))]) for p in packets]
+    assert [len(d) for d in decoded] == [1920] * 11  # every packet 40 ms, the empty ones too
+    assert max(np.abs(d).max() for d in decoded[5:8]) < 40  # silence (of 32767)
+    assert np.abs(decoded[-1]).max() > 5000  # and the speech after it
+
+
+@pytest.mark.parametrize(("toc", "frame_ms"), [(13 << 3, 20), (2 << 3, 40), (31 << 3, 20), (18 << 3, 10),
+                                               (16 << 3, 2.5), (3 << 3, 60)])
+def test_empty_frames_last_as_long_as_asked_in_the_tocs_mode(toc, frame_ms):
+    decoder = opus.Decoder(48000)
+    for ms in (20, 40, 60, 120):
+        if ms % frame_ms:
+            with pytest.raises(ValueError):
+                empty_frames(toc, ms)
+            continue
+        packet = empty_frames(toc, ms)
+        assert packet[0] >> 3 == toc >> 3 and len(packet) <= 2
+        assert len(decoder.decode(packet)) == 48 * ms, (toc >> 3, ms)  # libopus reads it as that long
