@@ -24,6 +24,9 @@ _SET_BITRATE, _SET_COMPLEXITY, _SET_SIGNAL = 4002, 4010, 4024  # OPUS_SET_*_REQU
 _SIGNAL_VOICE = 3001
 MAX_PACKET_MS = 120  # the longest an Opus packet lasts
 MAX_PACKET_BYTES = 1500  # an RTP payload that fits one datagram
+# the server's defaults for WebRTC ([realtime] webrtc_opus_complexity, webrtc_uplink_ptime_ms):
+VOICE_COMPLEXITY = 5  # libopus's effort on the assistant's voice: half the CPU of 10 (docs/benchmarks.md)
+PEER_PTIME_MS = 40  # the packets a peer is asked for (a=ptime): half 20 ms's per-packet work, ~10 ms more delay
 
 
 class OpusError(RuntimeError):

@@ -21,6 +21,7 @@ from kame.asr.whisper import WhisperOptions
 from kame.backend.planner import PlannerConfig
 from kame.backend.profiles import DEFAULT_PROFILES, BackendProfile
 from kame.errors import KameError
+from kame.opus import PEER_PTIME_MS, VOICE_COMPLEXITY
 from kame.runtime import KnowledgeOptions, RuntimeSettings
 from kame.session import SessionConfig
 from kame.tools.config import ToolConfig
@@ -100,9 +101,9 @@ class RealtimeSettings(BaseModel):
     # GPT-Live's own silence (server/live/silence.py); 0: as the front-end makes it
     live_zero_silence_s: float = Field(1.0, ge=0, le=10)
     # GPT-Live over WebRTC: libopus's effort encoding the assistant's voice (0-10; 10 takes twice 5's CPU)
-    webrtc_opus_complexity: int = Field(5, ge=0, le=10)
+    webrtc_opus_complexity: int = Field(VOICE_COMPLEXITY, ge=0, le=10)
     # GPT-Live over WebRTC: the packet time asked of the peer (a=ptime); 40 halves 20's packets, for ~10 ms of delay
-    webrtc_uplink_ptime_ms: Literal[20, 40, 60] = 40
+    webrtc_uplink_ptime_ms: Literal[20, 40, 60] = PEER_PTIME_MS
 
 
 class EchoSettings(_options_table(EchoOptions)):

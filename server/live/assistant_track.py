@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import fractions
 import logging
+import os
 import queue
 import threading
 import time
@@ -36,7 +36,6 @@ HURRY_SAMPLES = (60, 120)  # 2.5 or 5 ms (past 40 ms behind) out of each 20 ms o
 GRACE_S = 0.02  # a packet whose audio is not all there at its time waits this much more for it
 SILENT_PEAK = 1e-3  # of full scale: a packet under it is silence (skippable)
 OPUS_BITRATE = 48000  # mono voice, 12 kHz of band
-OPUS_COMPLEXITY = 5  # libopus's effort (0-10): half the time of 10 (docs/benchmarks.md), as libwebrtc on phones
 
 Media = av.Packet | av.AudioFrame  # what the track gives aiortc's sender: encoded, or for its encoder
 
@@ -52,14 +51,13 @@ class AssistantTrack(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self, sent: Callable[[int, int], None] | None = None, complexity: int = OPUS_COMPLEXITY) -> None:
+    def __init__(self, sent: Callable[[int, int], None] | None = None, complexity: int = opus.VOICE_COMPLEXITY) -> None:
         super().__init__()
         # (frame, slot): a frame's first sample went out in the packet at that 20 ms slot; set before the first `play`
         self.sent = sent
         self.encoded = sends_opus_packets()
         self.complexity = complexity
         self.packet = PTIME_SAMPLES if self.encoded else BLOCK  # 24 kHz samples a packet
-        self.thread_name = "opus-out"
         self._inbox: queue.SimpleQueue[tuple[np.ndarray, int | None] | None] = queue.SimpleQueue()  # `play`, `stop`
         # the thread's own, from here on
         self._frames: collections.deque[tuple[int, int]] = collections.deque()  # (frame, its first sample's place)
@@ -73,13 +71,18 @@ class AssistantTrack(MediaStreamTrack):
         self.skipped_samples = 0  # silence skipped to catch up
         self.hurried_samples = 0  # speech cut (cross-faded) to catch up
         self._levels: collections.deque[int] = collections.deque(maxlen=round(STANDING_S * RATE / self.packet))
-        # between the thread and the loop
+        # between the pacer and the loop, from the first `recv` on
         self._out: asyncio.Queue[tuple[Media, list[int]] | None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pacer: _Pacer | None = None
+        self._encode: Callable[[np.ndarray], Media] | None = None
+        self._start, self._made = 0.0, 0  # the schedule: packet n goes at _start + n packet times
         self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def play(self, pcm: np.ndarray, frame: int | None = None) -> None:
         self._inbox.put((pcm, frame))
+        if self._pacer is not None:
+            self._pacer.poke(self)
 
     def _enqueue(self, pcm: np.ndarray, frame: int | None) -> None:
         chunk = (np.clip(np.asarray(pcm, np.float32), -1.0, 1.0) * 32767).astype(np.int16)
@@ -188,54 +191,56 @@ class AssistantTrack(MediaStreamTrack):
         self._pts += self.packet * WIRE_RATE // RATE
         return media, started
 
-    def _wait(self, due: float) -> float:
-        """Until the next packet goes (what is played meanwhile queued as it comes); how long before
-        `due` it goes. At `due` with its audio all there; else up to GRACE_S later as soon as it is (a
-        frame a little late); else with what there is. After a packet with nothing to send, as soon
-        as the audio is all there: the engine's frames have a phase of their own, which the schedule
-        takes (a packet spaced closer than the packet time would raise the receiver's jitter buffer)."""
+    def _service(self, now: float) -> float | None:
+        """On the pacer's thread: every packet due by `now` made and handed to the loop; when to look
+        again (None: the track has ended). A packet goes at its time on an absolute schedule (no drift)
+        with its audio all there; else up to GRACE_S later as soon as it is (a frame a little late);
+        else with what there is. After a packet with nothing to send, as soon as the audio is all there:
+        the engine's frames have a phase of their own, which the schedule takes (a packet spaced closer
+        than the packet time would raise the receiver's jitter buffer)."""
         while not self._stopping.is_set():
-            full, now = self._samples >= self.packet, time.monotonic()
-            if full and (self._idle or now >= due):
-                return max(0.0, due - now) if self._idle else 0.0
+            self._take_played()
+            due = self._start + self._made * self.packet / RATE
+            full = self._samples >= self.packet
+            if full and self._idle:
+                self._start -= max(0.0, due - now)
+            elif not (full and now >= due) and now < due + GRACE_S:
+                return due if full else due + GRACE_S
             try:
-                item = self._inbox.get(timeout=max(0.0, (due if full else due + GRACE_S) - now))
-            except queue.Empty:
-                if now >= due:
-                    return 0.0
-                continue
-            if item is not None:  # (None: `stop` waking the thread)
-                self._enqueue(*item)
-        return 0.0
+                item = self._make(self._encode)
+            except Exception:  # the track ends (and the sender with it) rather than leave `recv` waiting
+                logger.exception("the assistant's track failed to make a packet")
+                self._stopping.set()
+                break
+            self._made += 1
+            if not self._deliver(item):
+                return None
+        self._deliver(None)
+        return None
 
-    def _run(self, loop: asyncio.AbstractEventLoop, out: asyncio.Queue) -> None:
-        """Every packet at its time (an absolute schedule: no drift, moved only to take the frames'
-        phase), until the track stops."""
-        encode = _quiet_after_silence(_opus_encoder(self.complexity)) if self.encoded else _wire_frames()
-        start, made = time.monotonic(), 0
+    def _take_played(self) -> None:
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                self._enqueue(*item)
+
+    def _deliver(self, item: tuple[Media, list[int]] | None) -> bool:
         try:
-            while True:
-                start -= self._wait(start + made * self.packet / RATE)
-                if self._stopping.is_set():
-                    break
-                item = self._make(encode)
-                made += 1
-                loop.call_soon_threadsafe(out.put_nowait, item)
+            self._loop.call_soon_threadsafe(self._out.put_nowait, item)
+            return True
         except RuntimeError:  # the loop has closed: nobody is listening
-            return
-        except Exception:  # the track ends (and the sender with it) rather than leave `recv` waiting
-            logger.exception("the assistant's track failed to make a packet")
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(out.put_nowait, None)
+            return False
 
     async def recv(self) -> Media:
         if self.readyState != "live":
             raise MediaStreamError
         if self._out is None:
-            self._out = asyncio.Queue()
-            self._thread = threading.Thread(target=self._run, args=(asyncio.get_running_loop(), self._out),
-                                            name=self.thread_name, daemon=True)
-            self._thread.start()
+            self._out, self._loop = asyncio.Queue(), asyncio.get_running_loop()
+            self._encode = _quiet_after_silence(_opus_encoder(self.complexity)) if self.encoded else _wire_frames()
+            _pacer().add(self)
         item = await self._out.get()
         if item is None:
             raise MediaStreamError
@@ -246,8 +251,65 @@ class AssistantTrack(MediaStreamTrack):
 
     def stop(self) -> None:
         self._stopping.set()
-        self._inbox.put(None)
+        if self._pacer is not None:
+            self._pacer.poke(self)
         super().stop()
+
+
+class _Pacer:
+    """A thread that paces, catches up and encodes the packets of assistant tracks (`_service`). The
+    engine steps every session at once, so the tracks' frames come together and their schedules take
+    the same phase: one wake-up serves them all, where a thread per track woke and took the GIL for
+    each (and the event loop with it)."""
+
+    def __init__(self, name: str) -> None:
+        self.tracks: dict[AssistantTrack, float] = {}  # the pacer thread's own: track -> when to look again
+        self._pokes: queue.SimpleQueue[AssistantTrack] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def add(self, track: AssistantTrack) -> None:
+        track._start, track._made, track._pacer = time.monotonic(), 0, self
+        self.poke(track)
+
+    def poke(self, track: AssistantTrack) -> None:
+        """`track` has news (its first packet is due, a frame was played, it stopped)."""
+        self._pokes.put(track)
+
+    def _run(self) -> None:
+        while True:
+            wake = min(self.tracks.values(), default=None)
+            try:
+                poked = [self._pokes.get(timeout=None if wake is None else max(0.0, wake - time.monotonic()))]
+            except queue.Empty:
+                poked = []
+            while True:
+                try:
+                    poked.append(self._pokes.get_nowait())
+                except queue.Empty:
+                    break
+            now = time.monotonic()
+            for track in poked:
+                self.tracks.setdefault(track, now)
+            for track, at in list(self.tracks.items()):
+                if at <= now or track in poked:
+                    if (again := track._service(now)) is None:
+                        del self.tracks[track]
+                    else:
+                        self.tracks[track] = again
+
+
+PACERS = max(1, (os.cpu_count() or 1) // 4)  # libopus lets go of the GIL: pacers encode side by side
+_pacers: list[_Pacer] = []
+_pacers_made = threading.Lock()
+
+
+def _pacer() -> _Pacer:
+    """The pacer with the fewest tracks (made as needed, up to PACERS; they live as long as the process)."""
+    with _pacers_made:
+        if len(_pacers) < PACERS:
+            _pacers.append(_Pacer(f"opus-out-{len(_pacers)}"))
+        return min(_pacers, key=lambda pacer: len(pacer.tracks))
 
 
 def _opus_encoder(complexity: int) -> Callable[[np.ndarray], av.Packet]:

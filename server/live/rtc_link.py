@@ -14,16 +14,16 @@ from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSes
 from aiortc.mediastreams import MediaStreamError
 
 from kame.audio import SAMPLE_RATE
+from kame.opus import PEER_PTIME_MS, VOICE_COMPLEXITY
 from kame.pcm import Resampler
 from kame.rtc import OpusInput, receive_opus, send_cheaply, with_ptime
-from server.live.assistant_track import OPUS_COMPLEXITY, AssistantTrack
+from server.live.assistant_track import AssistantTrack
 from server.live.client_events import LiveError
 from server.runner import CLOSE_LIMIT_S, Disconnected, Message
 
 logger = logging.getLogger(__name__)
 
 EVENTS_LABEL = "oai-events"  # the data channel the client creates
-UPLINK_PTIME_MS = 40  # the packets asked of the peer (its per-packet work and ours halved against 20 ms)
 SENT_GRACE_S = 0.1  # after SCTP took the last message, before the peer connection closes (unacked)
 
 
@@ -31,7 +31,7 @@ class WebRTCLink:
     idle_limited = False  # the audio comes on the track: the data channel may stay quiet
     unopened = "no data channel 'oai-events'"
 
-    def __init__(self, complexity: int = OPUS_COMPLEXITY, ptime_ms: int = UPLINK_PTIME_MS) -> None:
+    def __init__(self, complexity: int = VOICE_COMPLEXITY, ptime_ms: int = PEER_PTIME_MS) -> None:
         self.name = ""  # the session's id, for the logs and the decoder's thread
         send_cheaply()
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # host candidates: no STUN round trip
@@ -57,7 +57,6 @@ class WebRTCLink:
         kinds = {t.kind for t in self.pc.getTransceivers()}
         if "audio" not in kinds or self.pc.sctp is None:
             raise LiveError("invalid_sdp", "The offer needs one audio track and a data channel.", "transport.sdp")
-        self.track.thread_name = f"opus-out-{self.name}"
         self.pc.addTrack(self.track)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         audio = next(t for t in self.pc.getTransceivers() if t.kind == "audio")
