@@ -378,3 +378,27 @@ def test_empty_frames_last_as_long_as_asked_in_the_tocs_mode(toc, frame_ms):
         packet = empty_frames(toc, ms)
         assert packet[0] >> 3 == toc >> 3 and len(packet) <= 2
         assert len(decoder.decode(packet)) == 48 * ms, (toc >> 3, ms)  # libopus reads it as that long
+
+
+def test_a_track_that_fails_ends_alone_and_its_pacer_goes_on_with_the_others():
+    good, bad = AssistantTrack(), AssistantTrack()
+
+    def broken(now: float) -> float:
+        raise RuntimeError("a bug in one track")
+
+    bad._service = broken
+
+    async def scenario():
+        got = [await asyncio.wait_for(good.recv(), 5)]
+        with pytest.raises(MediaStreamError):
+            await asyncio.wait_for(bad.recv(), 5)  # ended, not waiting for ever
+        good.play(SPEECH, 0)
+        got += [await asyncio.wait_for(good.recv(), 5) for _ in range(3)]
+        good.stop()
+        with pytest.raises(MediaStreamError):
+            await good.recv()
+        return got
+
+    got = asyncio.run(scenario())
+    assert len(got) == 4 and all(isinstance(p, av.Packet) for p in got)
+    assert [p.pts for p in got] == [1920 * i for i in range(4)]

@@ -1,5 +1,5 @@
 """The assistant's voice on a WebRTC session's media track: the front-end's 24 kHz frames encoded to
-Opus as they are (40 ms packets) on a thread of the track's own, at real-time pace, kept near real
+Opus as they are (40 ms packets) on a pacer thread shared by the tracks, at real-time pace, kept near real
 time when frames come late. The event loop only hands each packet to aiortc's sender."""
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ class AssistantTrack(MediaStreamTrack):
     is queued. Where this aiortc does not take encoded packets (`sends_opus_packets`), 20 ms frames at
     48 kHz for its own encoder instead. Whatever came late (a slow step, the frames made before the peer
     connected, the user's audio held up and then let through at once) would delay every later packet
-    for good: it is caught up on (`_next_packet`). A thread paces, catches up and encodes; the loop is
-    woken once a packet."""
+    for good: it is caught up on (`_next_packet`). A pacer thread, shared with other tracks, paces,
+    catches up and encodes (`_service`); the loop is woken once a packet."""
 
     kind = "audio"
 
@@ -293,7 +293,14 @@ class _Pacer:
                 self.tracks.setdefault(track, now)
             for track, at in list(self.tracks.items()):
                 if at <= now or track in poked:
-                    if (again := track._service(now)) is None:
+                    try:
+                        again = track._service(now)
+                    except Exception:  # a bug in one track ends that track, not the pacer and every other
+                        logger.exception("the assistant's track failed")
+                        track._stopping.set()
+                        track._deliver(None)
+                        again = None
+                    if again is None:
                         del self.tracks[track]
                     else:
                         self.tracks[track] = again
