@@ -1,7 +1,7 @@
 """libopus called directly (ctypes), for the WebRTC paths' per-packet coding: one call a packet, at the
-session's own 24 kHz, mono. Through PyAV the same packet also went through FFmpeg's wrapper, which
-decodes only at 48 kHz (halved again afterwards) and converts every frame it encodes: ~3x the cost of
-the codec itself (docs/benchmarks.md). ctypes lets go of the GIL for each call.
+session's own 24 kHz, mono. Through PyAV a peer's packet went through FFmpeg's wrapper, which decodes
+only at 48 kHz stereo (downmixed and halved afterwards): ~3.5x the decoding's cost (docs/benchmarks.md);
+encoding costs about the same either way. ctypes lets go of the GIL for each call.
 
 The library is the system's libopus, else the copy PyAV's wheel carries; `library()` is None where
 neither loads, and callers keep PyAV's path."""
@@ -25,7 +25,7 @@ _SIGNAL_VOICE = 3001
 MAX_PACKET_MS = 120  # the longest an Opus packet lasts
 MAX_PACKET_BYTES = 1500  # an RTP payload that fits one datagram
 # the server's defaults for WebRTC ([realtime] webrtc_opus_complexity, webrtc_uplink_ptime_ms):
-VOICE_COMPLEXITY = 5  # libopus's effort on the assistant's voice: half the CPU of 10 (docs/benchmarks.md)
+VOICE_COMPLEXITY = 5  # libopus's effort on the assistant's voice: 0.53-0.66 of 10's CPU (docs/benchmarks.md)
 PEER_PTIME_MS = 40  # the packets a peer is asked for (a=ptime): half 20 ms's per-packet work, ~10 ms more delay
 
 
@@ -70,6 +70,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.opus_encode.restype = c_int32
     lib.opus_encode.argtypes = [ptr, ptr, c_int, ptr, c_int32]
     lib.opus_encoder_destroy.argtypes = [ptr]
+    lib.opus_encoder_ctl.restype = c_int
+    lib.opus_encoder_ctl.argtypes = [ptr, c_int]  # and one variadic int: declared so, arm64 passes it as such
     lib.opus_decoder_create.restype = ptr
     lib.opus_decoder_create.argtypes = [c_int32, c_int, ctypes.POINTER(c_int)]
     lib.opus_decode_float.restype = c_int
@@ -97,7 +99,7 @@ class Encoder:
         self._lib, self._state = lib, lib.opus_encoder_create(rate, 1, application, ctypes.byref(error))
         _check(lib, error.value, "opus_encoder_create")
         for request, value in ((_SET_BITRATE, bitrate), (_SET_COMPLEXITY, complexity), (_SET_SIGNAL, _SIGNAL_VOICE)):
-            _check(lib, lib.opus_encoder_ctl(ctypes.c_void_p(self._state), request, ctypes.c_int(value)),
+            _check(lib, lib.opus_encoder_ctl(self._state, request, ctypes.c_int(value)),
                    f"opus_encoder_ctl({request}, {value})")
         self._out = ctypes.create_string_buffer(MAX_PACKET_BYTES)
 

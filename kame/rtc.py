@@ -41,7 +41,7 @@ OPUS_RATE = 48000  # what libopus decodes to (FFmpeg's wrapper has no other rate
 PACKET_SAMPLES = OPUS_RATE // 50  # 20 ms
 MAX_HOLD = 5  # packets a gap may be waited for on the worst link (100 ms)
 RELAX_AFTER = 1500  # packets in order (30 s) before the wait shrinks by one
-MAX_FILL = 10  # lost packets filled with silence (more: the sender restarted or paused)
+MAX_FILL = 10  # lost packets made up for (more: the sender restarted or paused)
 RESTART_GAP = 3000  # a jump this far ahead is a new stream, not loss
 
 
@@ -124,17 +124,24 @@ class OpusInput:
         self.name = name
         self._loop = loop
         self._decode: Callable[[bytes, int], np.ndarray] | None = None  # made on the decoding thread
+        self._closed = False  # packets still arriving (the peer connection closes after) are dropped
+        self._ended = False  # the decoding thread's own
 
     def push(self, payload: bytes, lost_before: int = 0) -> None:
-        _DECODING.put((self, lost_before, payload))
+        if not self._closed:
+            _DECODING.put((self, lost_before, payload))
 
     def close(self) -> None:
-        _DECODING.put((self, 0, None))
+        if not self._closed:
+            self._closed = True
+            _DECODING.put((self, 0, None))
 
     def _decode_one(self, lost: int, payload: bytes | None) -> None:
         """On the decoding thread: one packet (None: the end)."""
+        if self._ended:
+            return
         if payload is None:
-            self._decode = None
+            self._decode, self._ended = None, True
             self._deliver(None)
             return
         if self._decode is None:
@@ -202,11 +209,16 @@ def _decoder() -> Callable[[bytes, int], np.ndarray]:
     codec.format, codec.layout, codec.sample_rate = "s16", "stereo", OPUS_RATE
     halve = Resampler(OPUS_RATE, SAMPLE_RATE)
 
+    last = [PACKET_SAMPLES]  # the last packet's length at 48 kHz: what a lost one is taken to last
+
     def through_pyav(payload: bytes, lost: int) -> np.ndarray:
-        pcm = [np.zeros(PACKET_SAMPLES * lost, np.float32)] if lost else []
+        pcm = []
         for frame in codec.decode(av.Packet(payload)):
             samples = frame.to_ndarray().reshape(-1, len(frame.layout.channels))
             pcm.append(samples.mean(axis=1, dtype=np.float32) / 32768.0)
+        if pcm:
+            last[0] = sum(map(len, pcm))
+        pcm = [np.zeros(last[0] * lost, np.float32)] * bool(lost) + pcm
         return halve(np.concatenate(pcm)) if pcm else np.zeros(0, np.float32)
 
     return through_pyav

@@ -100,10 +100,10 @@ class RealtimeSettings(BaseModel):
     # GPT-Live: the assistant's audio goes out as zeros after this long without a word from the front-end, as
     # GPT-Live's own silence (server/live/silence.py); 0: as the front-end makes it
     live_zero_silence_s: float = Field(1.0, ge=0, le=10)
-    # GPT-Live over WebRTC: libopus's effort encoding the assistant's voice (0-10; 10 takes twice 5's CPU)
+    # GPT-Live over WebRTC: libopus's effort encoding the assistant's voice (0-10; 10 takes 1.5-1.9x 5's CPU)
     webrtc_opus_complexity: int = Field(VOICE_COMPLEXITY, ge=0, le=10)
     # GPT-Live over WebRTC: the packet time asked of the peer (a=ptime); 40 halves 20's packets, for ~10 ms of delay
-    webrtc_uplink_ptime_ms: Literal[20, 40, 60] = PEER_PTIME_MS
+    webrtc_uplink_ptime_ms: int = Field(PEER_PTIME_MS, ge=20, le=60, multiple_of=20)  # 20, 40 or 60
 
 
 class EchoSettings(_options_table(EchoOptions)):

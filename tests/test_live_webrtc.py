@@ -363,3 +363,21 @@ def test_only_a_missing_aiortc_or_pyav_makes_webrtc_optional():
     assert without_av.stdout.startswith("True") and "aiortc==1.16.0" in without_av.stdout
     broken = imports("server.live.client_events")
     assert broken.returncode != 0 and "server.live.client_events" in broken.stderr
+
+
+def test_the_webrtc_settings_come_from_the_env_and_are_checked(monkeypatch):
+    import os
+
+    from server.settings import SettingsError, load_settings
+
+    for name in [n for n in os.environ if n.startswith("KAME_")]:
+        monkeypatch.delenv(name)
+    defaults = load_settings(None).realtime
+    assert (defaults.webrtc_opus_complexity, defaults.webrtc_uplink_ptime_ms) == (5, 40)
+    monkeypatch.setenv("KAME_REALTIME__WEBRTC_UPLINK_PTIME_MS", "20")
+    monkeypatch.setenv("KAME_REALTIME__WEBRTC_OPUS_COMPLEXITY", "10")
+    realtime = load_settings(None).realtime
+    assert (realtime.webrtc_opus_complexity, realtime.webrtc_uplink_ptime_ms) == (10, 20)
+    monkeypatch.setenv("KAME_REALTIME__WEBRTC_UPLINK_PTIME_MS", "30")  # not a packet time Opus has
+    with pytest.raises(SettingsError, match="webrtc_uplink_ptime_ms"):
+        load_settings(None)

@@ -26,6 +26,7 @@ from server.live.assistant_track import (
     SLOT,
     AssistantTrack,
     _opus_encoder,
+    _Pacer,
     _quiet_after_silence,
     empty_frames,
 )
@@ -95,6 +96,8 @@ def _opus_packets(pcm48: np.ndarray) -> list[bytes]:
 def test_opus_input_decodes_each_packet_as_it_comes_at_24khz(direct, monkeypatch):
     if not direct:  # no libopus to call: PyAV's decoder, at 48 kHz, halved
         monkeypatch.setattr("kame.rtc.opus.library", lambda: None)
+    else:
+        assert opus.library() is not None  # (PyAV's wheel carries one where the system has none)
     tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(48000) / 48000)).astype(np.float32)
     packets = _opus_packets(tone)
 
@@ -108,7 +111,10 @@ def test_opus_input_decodes_each_packet_as_it_comes_at_24khz(direct, monkeypatch
         opus.push(packets[10])
         last = await asyncio.wait_for(opus.frames.get(), 5)
         opus.close()
+        opus.push(packets[11])  # the peer's packets still coming while its connection closes: dropped
         assert await asyncio.wait_for(opus.frames.get(), 5) is None
+        await asyncio.sleep(0.1)
+        assert opus.frames.empty()
         return sizes, last, opus.undecodable
 
     sizes, last, undecodable = asyncio.run(scenario())
@@ -163,6 +169,12 @@ def test_an_answer_asks_for_the_packet_time_in_its_audio_section():
 
     sdp, asked = asyncio.run(answer())
     assert ptime(sdp) == 20 and ptime(asked) == 40 and ptime(with_ptime(asked, 60)) == 60
+    assert with_ptime(asked, 60).count("a=ptime") == 1  # asked again: the old line replaced
+    two = "v=0\r\nm=audio 9 RTP/SAVPF 111\r\nc=IN IP4 0.0.0.0\r\na=ptime:20\r\na=mid:0\r\n" \
+          "m=audio 9 RTP/SAVPF 111\r\nc=IN IP4 0.0.0.0\r\na=mid:1\r\n"
+    assert with_ptime(two, 40).split("\r\n") == [
+        "v=0", "m=audio 9 RTP/SAVPF 111", "c=IN IP4 0.0.0.0", "a=ptime:40", "a=mid:0",
+        "m=audio 9 RTP/SAVPF 111", "c=IN IP4 0.0.0.0", "a=ptime:40", "a=mid:1", ""]
     audio, application = asked.split("m=application")
     assert audio.count("a=ptime:40") == 1 and "a=ptime" not in application
     lines = audio[audio.index("m=audio"):].split("\r\n")
@@ -276,6 +288,8 @@ def run_track(track: AssistantTrack, packets: int) -> list:
 def test_the_track_gives_aiortc_40ms_opus_packets_on_the_rtp_clock(direct, monkeypatch):
     if not direct:
         monkeypatch.setattr("server.live.assistant_track.opus.library", lambda: None)
+    else:
+        assert opus.library() is not None
     sent = []
     track = AssistantTrack(lambda frame, packet: sent.append((frame, packet)))
     assert track.encoded  # aiortc 1.16 packs them as they are
@@ -380,7 +394,9 @@ def test_empty_frames_last_as_long_as_asked_in_the_tocs_mode(toc, frame_ms):
         assert len(decoder.decode(packet)) == 48 * ms, (toc >> 3, ms)  # libopus reads it as that long
 
 
-def test_a_track_that_fails_ends_alone_and_its_pacer_goes_on_with_the_others():
+def test_a_track_that_fails_ends_alone_and_its_pacer_goes_on_with_the_others(monkeypatch):
+    pacer = _Pacer("opus-out-test")
+    monkeypatch.setattr("server.live.assistant_track._pacer", lambda: pacer)
     good, bad = AssistantTrack(), AssistantTrack()
 
     def broken(now: float) -> float:
@@ -400,5 +416,6 @@ def test_a_track_that_fails_ends_alone_and_its_pacer_goes_on_with_the_others():
         return got
 
     got = asyncio.run(scenario())
+    assert good._pacer is bad._pacer is pacer
     assert len(got) == 4 and all(isinstance(p, av.Packet) for p in got)
     assert [p.pts for p in got] == [1920 * i for i in range(4)]

@@ -202,8 +202,8 @@ class AssistantTrack(MediaStreamTrack):
             self._take_played()
             due = self._start + self._made * self.packet / RATE
             full = self._samples >= self.packet
-            if full and self._idle:
-                self._start -= max(0.0, due - now)
+            if full and self._idle:  # (now read again: encoding other tracks' packets took time)
+                self._start -= max(0.0, due - max(now, time.monotonic()))
             elif not (full and now >= due) and now < due + GRACE_S:
                 return due if full else due + GRACE_S
             try:
@@ -238,8 +238,8 @@ class AssistantTrack(MediaStreamTrack):
         if self.readyState != "live":
             raise MediaStreamError
         if self._out is None:
-            self._out, self._loop = asyncio.Queue(), asyncio.get_running_loop()
             self._encode = _quiet_after_silence(_opus_encoder(self.complexity)) if self.encoded else _wire_frames()
+            self._out, self._loop = asyncio.Queue(), asyncio.get_running_loop()
             _pacer().add(self)
         item = await self._out.get()
         if item is None:
@@ -259,8 +259,8 @@ class AssistantTrack(MediaStreamTrack):
 class _Pacer:
     """A thread that paces, catches up and encodes the packets of assistant tracks (`_service`). The
     engine steps every session at once, so the tracks' frames come together and their schedules take
-    the same phase: one wake-up serves them all, where a thread per track woke and took the GIL for
-    each (and the event loop with it)."""
+    the same phase: a wake-up serves the tracks due together, where a thread per track woke and took
+    the GIL for each (and the event loop with it)."""
 
     def __init__(self, name: str) -> None:
         self.tracks: dict[AssistantTrack, float] = {}  # the pacer thread's own: track -> when to look again
@@ -278,35 +278,44 @@ class _Pacer:
 
     def _run(self) -> None:
         while True:
-            wake = min(self.tracks.values(), default=None)
             try:
-                poked = [self._pokes.get(timeout=None if wake is None else max(0.0, wake - time.monotonic()))]
+                self._serve()
+            except Exception:  # the pacer's own bug: logged, and the tracks go on being served
+                logger.exception("the assistant tracks' pacer failed")
+                time.sleep(0.01)
+
+    def _serve(self) -> None:
+        """One wake-up: wait for the next track due or poked, then serve every track due or poked (a
+        stopped one gets its end, once more where it had ended already: harmless)."""
+        wake = min(self.tracks.values(), default=None)
+        try:
+            poked = [self._pokes.get(timeout=None if wake is None else max(0.0, wake - time.monotonic()))]
+        except queue.Empty:
+            poked = []
+        while True:
+            try:
+                poked.append(self._pokes.get_nowait())
             except queue.Empty:
-                poked = []
-            while True:
+                break
+        now = time.monotonic()
+        for track in poked:
+            self.tracks.setdefault(track, now)
+        for track, at in list(self.tracks.items()):
+            if at <= now or track in poked:
                 try:
-                    poked.append(self._pokes.get_nowait())
-                except queue.Empty:
-                    break
-            now = time.monotonic()
-            for track in poked:
-                self.tracks.setdefault(track, now)
-            for track, at in list(self.tracks.items()):
-                if at <= now or track in poked:
-                    try:
-                        again = track._service(now)
-                    except Exception:  # a bug in one track ends that track, not the pacer and every other
-                        logger.exception("the assistant's track failed")
-                        track._stopping.set()
-                        track._deliver(None)
-                        again = None
-                    if again is None:
-                        del self.tracks[track]
-                    else:
-                        self.tracks[track] = again
+                    again = track._service(now)
+                except Exception:  # a bug in one track ends that track, not the pacer and every other
+                    logger.exception("the assistant's track failed")
+                    track._stopping.set()
+                    track._deliver(None)
+                    again = None
+                if again is None:
+                    del self.tracks[track]
+                else:
+                    self.tracks[track] = again
 
 
-PACERS = max(1, (os.cpu_count() or 1) // 4)  # libopus lets go of the GIL: pacers encode side by side
+PACERS = max(1, len(os.sched_getaffinity(0)) // 4)  # libopus lets go of the GIL: pacers encode side by side
 _pacers: list[_Pacer] = []
 _pacers_made = threading.Lock()
 
