@@ -125,7 +125,6 @@ class OpusInput:
         self._loop = loop
         self._decode: Callable[[bytes, int], np.ndarray] | None = None  # made on the decoding thread
         self._closed = False  # packets still arriving (the peer connection closes after) are dropped
-        self._ended = False  # the decoding thread's own
 
     def push(self, payload: bytes, lost_before: int = 0) -> None:
         if not self._closed:
@@ -137,11 +136,9 @@ class OpusInput:
             _DECODING.put((self, 0, None))
 
     def _decode_one(self, lost: int, payload: bytes | None) -> None:
-        """On the decoding thread: one packet (None: the end)."""
-        if self._ended:
-            return
+        """On the decoding thread: one packet (None: the end, the last item `close` lets through)."""
         if payload is None:
-            self._decode, self._ended = None, True
+            self._decode = None
             self._deliver(None)
             return
         if self._decode is None:

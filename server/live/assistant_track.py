@@ -58,7 +58,7 @@ class AssistantTrack(MediaStreamTrack):
         self.encoded = sends_opus_packets()
         self.complexity = complexity
         self.packet = PTIME_SAMPLES if self.encoded else BLOCK  # 24 kHz samples a packet
-        self._inbox: queue.SimpleQueue[tuple[np.ndarray, int | None] | None] = queue.SimpleQueue()  # `play`, `stop`
+        self._inbox: queue.SimpleQueue[tuple[np.ndarray, int | None]] = queue.SimpleQueue()  # from `play`
         # the thread's own, from here on
         self._frames: collections.deque[tuple[int, int]] = collections.deque()  # (frame, its first sample's place)
         self._queued_total = self._taken_total = 0  # samples ever queued, ever taken (sent, skipped or dropped)
@@ -104,13 +104,7 @@ class AssistantTrack(MediaStreamTrack):
         head are skipped and speech is hurried: 22.5 ms (25 ms past 40 ms behind) made into each 20,
         the cut cross-faded (a jitter buffer's 'accelerate', without pitch alignment, so the cut is
         kept short)."""
-        while True:
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                self._enqueue(*item)
+        self._take_played()
         begins = self._taken_total
         self._levels.append(self._samples)
         behind = min(self._levels) - self.packet if len(self._levels) == self._levels.maxlen else 0
@@ -219,13 +213,12 @@ class AssistantTrack(MediaStreamTrack):
         return None
 
     def _take_played(self) -> None:
+        """What `play` has given since last asked, queued."""
         while True:
             try:
-                item = self._inbox.get_nowait()
+                self._enqueue(*self._inbox.get_nowait())
             except queue.Empty:
                 return
-            if item is not None:
-                self._enqueue(*item)
 
     def _deliver(self, item: tuple[Media, list[int]] | None) -> bool:
         try:
