@@ -161,8 +161,8 @@ class LiveWebRTC:
     """GPT-Live over WebRTC: the offer POSTed to /v1/live/sessions, audio on one Opus track each way.
     `timing`: the server says which RTP packet carried the start of each of the session's frames
     (`kame.output_audio.sent`, asked for with `?kame_timing=1`, as the 20 ms slot of the RTP clock where
-    it begins, whatever the packet time) and each packet's arrival is kept, so that every frame back
-    is timed exactly (`frames_back`)."""
+    it begins, whatever the packet time; a batch of frames an event) and each packet's arrival is kept, so
+    that every frame back is timed exactly (`frames_back`)."""
 
     def __init__(self, pc: RTCPeerConnection, microphone: _Microphone) -> None:
         self.pc, self.microphone = pc, microphone
@@ -213,7 +213,7 @@ class LiveWebRTC:
         if event["type"] == "session.started":
             self.started.set()
         elif event["type"] == "kame.output_audio.sent":
-            self.sent.append((event["frame"], event["packet"]))
+            self.sent.extend((frame, slot) for frame, slot in event["frames"])
         elif event["type"] == "session.thinking.appended" and event.get("client_event_id") in self._asked:
             self.probes.append((event["start_ms"], self._asked.pop(event["client_event_id"])))
 

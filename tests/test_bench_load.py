@@ -75,6 +75,25 @@ def test_bench_load_drives_both_transports_side_by_side(tmp_path, capsys):
 
 
 @pytest.mark.realtime
+def test_bench_load_times_every_frame_over_webrtc(tmp_path):
+    """GPT-Live over WebRTC: the frames back are timed by the RTP packets that carried their starts, which
+    the server names in batched `kame.output_audio.sent` events (a frame's time lost there is untimed)."""
+    out = tmp_path / "load.json"
+    with running_server(asr="none", max_sessions=2, frontend="tiny-copy") as (url, _):
+        code = main(["bench", "load", "--url", url, "--levels", "2", "--seconds", "3",
+                     "--transport", "live,live-webrtc", "--json-out", str(out)])
+    assert code == 0
+    levels = json.loads(out.read_text())["levels"]
+    assert [(level["transport"], level["sessions"]) for level in levels] == [("live", 2), ("live-webrtc", 2)]
+    webrtc = levels[1]
+    assert webrtc["frames_sent"] >= 2 * 3 * 12
+    # a frame whose packet the server did not name is not counted back: all but the last in flight were
+    assert webrtc["frames_dropped"] <= 2 and webrtc["frames_untimed"] <= 2
+    rt = webrtc["round_trip_ms"]
+    assert 0 < rt["p50"] <= rt["p95"] < 1000  # matched frame to frame, not shifted by one
+
+
+@pytest.mark.realtime
 def test_the_null_frontend_echoes_speech_and_the_loop_lag_is_reported(tmp_path):
     """`--frontend null` (host-side benchmarks): each frame back is the frame sent at half the level,
     and a level reports the event loop's lag from the server's own probe."""
