@@ -213,7 +213,9 @@ class LiveWebRTC:
         if event["type"] == "session.started":
             self.started.set()
         elif event["type"] == "kame.output_audio.sent":
-            self.sent.extend((frame, slot) for frame, slot in event["frames"])
+            # a batch of frames an event; an earlier server's named one frame (`frame`, `packet`)
+            pairs = event["frames"] if "frames" in event else [(event["frame"], event["packet"])]
+            self.sent.extend((frame, slot) for frame, slot in pairs)
         elif event["type"] == "session.thinking.appended" and event.get("client_event_id") in self._asked:
             self.probes.append((event["start_ms"], self._asked.pop(event["client_event_id"])))
 
