@@ -336,35 +336,6 @@ def test_a_frame_goes_out_as_it_comes_not_at_the_schedules_next_tick():
     assert (first.pts, second.pts) == (1920, 3840)  # the RTP timeline stays whole
 
 
-def test_a_track_that_never_runs_dry_still_takes_the_frames_phase():
-    """On a manual clock: frames that keep coming (the track never sends silence) at a phase that moves
-    35 ms earlier (one engine steps every session; its steps' phase is its own) each go out as they
-    come, not at the schedule's next tick, and the packet after each keeps the packet time."""
-    track, out = AssistantTrack(lambda frame, slot: None), []  # (frames are followed where someone asks)
-    track._encode = Raw
-    track._deliver = lambda item: out.append((clock, item)) or True
-    base = time.monotonic() + 1000.0  # ahead of the real clock, which the track reads beside `now`
-    track._start = clock = base
-    arrivals = [base + 0.010 + 0.080 * k - 0.035 * (k >= 3) for k in range(6)]
-    wake = track._service(clock)
-    for frame, at in enumerate(arrivals):
-        while wake <= at:  # the pacer's wake-ups before the frame comes
-            clock = wake
-            wake = track._service(clock)
-        track.play(SPEECH, frame)  # the poke: the pacer looks at once
-        clock = at
-        wake = track._service(clock)
-    while wake <= arrivals[-1] + 0.1:
-        clock = wake
-        wake = track._service(clock)
-    firsts = {frame: at for at, (packet, started) in out for frame in started}
-    assert [round(1000 * (firsts[frame] - at), 1) for frame, at in enumerate(arrivals)] == [0.0] * 6
-    speech = [(at, packet) for at, (packet, _) in out if np.abs(packet.pcm).max() > 0]
-    assert len(speech) == 12 and all(len(packet.pcm) == PTIME_SAMPLES for _, packet in speech)
-    seconds = [round(1000 * (speech[i + 1][0] - speech[i][0]), 1) for i in range(0, 12, 2)]
-    assert seconds == [1000 * PTIME_SAMPLES / 24000] * 6  # each frame's second packet a packet time on
-
-
 def test_the_bench_microphone_sends_the_packets_the_answer_asks_for():
     """The load bench's client stands for a browser: packets as long as the server's a=ptime, decoded
     by FFmpeg (the peer's decoder) to that length, stamped on the 48 kHz RTP clock."""

@@ -66,7 +66,7 @@ class AssistantTrack(MediaStreamTrack):
         self._samples = 0
         self._pts = 0  # on the RTP clock
         self._started: list[int] = []  # frames whose first sample is in the packet being made
-        self._drained = True  # the last packet left nothing queued
+        self._idle = True  # the last packet had nothing queued to send
         self.dropped_samples = 0  # speech dropped past MAX_QUEUED_S
         self.skipped_samples = 0  # silence skipped to catch up
         self.hurried_samples = 0  # speech cut (cross-faded) to catch up
@@ -116,7 +116,7 @@ class AssistantTrack(MediaStreamTrack):
         cut = HURRY_SAMPLES[behind > 0.04 * RATE]
         blocks = [self._next_block(cut if behind >= cut * (i + 1) else 0) for i in range(self.packet // BLOCK)]
         self._report_sent(begins)
-        self._drained = self._samples == 0
+        self._idle = self._taken_total == begins
         return np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
 
     def _next_block(self, cut: int) -> np.ndarray:
@@ -189,18 +189,15 @@ class AssistantTrack(MediaStreamTrack):
         """On the pacer's thread: every packet due by `now` made and handed to the loop; when to look
         again (None: the track has ended). A packet goes at its time on an absolute schedule (no drift)
         with its audio all there; else up to GRACE_S later as soon as it is (a frame a little late);
-        else with what there is. After a packet that left nothing queued, as soon as the audio is all
-        there, and the schedule goes on from there: the engine's frames come at a phase of their own (the
-        same for every session: one engine steps them all), which the schedule takes, so that a frame's
-        first packet goes as the frame comes (a schedule at another phase held each frame up to a packet
-        time, and every track of a pacer woke it at a time of its own). The packets after it keep the
-        packet time (a burst would raise the receiver's jitter buffer)."""
+        else with what there is. After a packet with nothing to send, as soon as the audio is all there:
+        the engine's frames have a phase of their own, which the schedule takes (a packet spaced closer
+        than the packet time would raise the receiver's jitter buffer)."""
         while not self._stopping.is_set():
             self._take_played()
             due = self._start + self._made * self.packet / RATE
             full = self._samples >= self.packet
-            if full and self._drained:  # (now read again: encoding other tracks' packets took time)
-                self._start += max(now, time.monotonic()) - due
+            if full and self._idle:  # (now read again: encoding other tracks' packets took time)
+                self._start -= max(0.0, due - max(now, time.monotonic()))
             elif not (full and now >= due) and now < due + GRACE_S:
                 return due if full else due + GRACE_S
             try:
