@@ -336,6 +336,36 @@ def test_a_frame_goes_out_as_it_comes_not_at_the_schedules_next_tick():
     assert (first.pts, second.pts) == (1920, 3840)  # the RTP timeline stays whole
 
 
+def test_frames_that_come_early_go_out_on_the_schedule_not_with_the_engines_jitter():
+    """On a manual clock: after the first frame sets the schedule's phase, frames that keep coming up to
+    8 ms early (an engine's step-to-step jitter) go out on the schedule, a packet time apart, with their
+    RTP timestamps: the listener's jitter buffer sees no jitter (sending each frame as it came raised
+    Chromium's from ~100 to 120-210 ms in tests/test_browser_live.py)."""
+    track, out = AssistantTrack(lambda frame, slot: None), []
+    track._encode = Raw
+    track._deliver = lambda item: out.append((clock, item)) or True
+    base = time.monotonic() + 1000.0  # ahead of the real clock, which the track reads beside `now`
+    track._start = clock = base
+    arrivals = [base + 0.025 + 0.080 * k - early for k, early in enumerate([0, 0.006, 0.003, 0.008, 0.002, 0.005])]
+    wake = track._service(clock)
+    for frame, at in enumerate(arrivals):
+        while wake <= at:  # the pacer's wake-ups before the frame comes
+            clock = wake
+            wake = track._service(clock)
+        track.play(SPEECH, frame)  # the poke: the pacer looks at once
+        clock = at
+        wake = track._service(clock)
+    while wake <= arrivals[-1] + 0.1:
+        clock = wake
+        wake = track._service(clock)
+    speech = [(at, packet) for at, (packet, _) in out if np.abs(packet.pcm).max() > 0]
+    assert len(speech) == 12 and all(len(packet.pcm) == PTIME_SAMPLES for _, packet in speech)
+    assert speech[0][0] == arrivals[0]  # the first frame, after a silent packet, goes as it comes
+    times = [round(1000 * (at - arrivals[0]), 3) for at, _ in speech]
+    assert times == [40.0 * i for i in range(12)]  # then the schedule, whatever the frames' jitter
+    assert [packet.pts - speech[0][1].pts for _, packet in speech] == [1920 * i for i in range(12)]
+
+
 def test_the_bench_microphone_sends_the_packets_the_answer_asks_for():
     """The load bench's client stands for a browser: packets as long as the server's a=ptime, decoded
     by FFmpeg (the peer's decoder) to that length, stamped on the 48 kHz RTP clock."""
