@@ -22,7 +22,9 @@ from kame.pcm import Resampler
 from kame.rtc import OpusInput, ReorderGate, audio_level_dbov, ptime, receive_opus, with_ptime
 from server.live.assistant_track import (
     BLOCK,
+    PHASE_MARGIN_S,
     PTIME_SAMPLES,
+    SLACK_S,
     SLOT,
     AssistantTrack,
     _opus_encoder,
@@ -336,17 +338,14 @@ def test_a_frame_goes_out_as_it_comes_not_at_the_schedules_next_tick():
     assert (first.pts, second.pts) == (1920, 3840)  # the RTP timeline stays whole
 
 
-def test_frames_that_come_early_go_out_on_the_schedule_not_with_the_engines_jitter():
-    """On a manual clock: after the first frame sets the schedule's phase, frames that keep coming up to
-    8 ms early (an engine's step-to-step jitter) go out on the schedule, a packet time apart, with their
-    RTP timestamps: the listener's jitter buffer sees no jitter (sending each frame as it came raised
-    Chromium's from ~100 to 120-210 ms in tests/test_browser_live.py)."""
-    track, out = AssistantTrack(lambda frame, slot: None), []
+def pace_by_hand(arrivals: list[float], start: float) -> list[tuple[float, object, list[int]]]:
+    """On a manual clock: a track whose schedule starts at `start`, served as the pacer serves it (at the
+    times it asks for, and when poked by a frame played), frame k played at arrivals[k]; (when, packet,
+    the frames that begin in it) for each packet made."""
+    track, out = AssistantTrack(lambda frame, slot: None), []  # (frames are followed where someone asks)
     track._encode = Raw
-    track._deliver = lambda item: out.append((clock, item)) or True
-    base = time.monotonic() + 1000.0  # ahead of the real clock, which the track reads beside `now`
-    track._start = clock = base
-    arrivals = [base + 0.025 + 0.080 * k - early for k, early in enumerate([0, 0.006, 0.003, 0.008, 0.002, 0.005])]
+    clock = track._start = start
+    track._deliver = lambda item: out.append((clock, *item)) or True
     wake = track._service(clock)
     for frame, at in enumerate(arrivals):
         while wake <= at:  # the pacer's wake-ups before the frame comes
@@ -358,12 +357,44 @@ def test_frames_that_come_early_go_out_on_the_schedule_not_with_the_engines_jitt
     while wake <= arrivals[-1] + 0.1:
         clock = wake
         wake = track._service(clock)
-    speech = [(at, packet) for at, (packet, _) in out if np.abs(packet.pcm).max() > 0]
+    return out
+
+
+def test_frames_that_come_early_go_out_on_the_schedule_not_with_the_engines_jitter():
+    """After the first frame sets the schedule's phase, frames that keep coming up to 8 ms early (an
+    engine's step-to-step jitter) go out on the schedule, a packet time apart, with their RTP timestamps:
+    the listener's jitter buffer sees no jitter (sending each frame as it came raised Chromium's from
+    ~100 to 120-210 ms in tests/test_browser_live.py)."""
+    base = time.monotonic() + 1000.0  # ahead of the real clock, which the track reads beside `now`
+    arrivals = [base + 0.025 + 0.080 * k - early for k, early in enumerate([0, 0.006, 0.003, 0.008, 0.002, 0.005])]
+    out = pace_by_hand(arrivals, base)
+    speech = [(at, packet) for at, packet, _ in out if np.abs(packet.pcm).max() > 0]
     assert len(speech) == 12 and all(len(packet.pcm) == PTIME_SAMPLES for _, packet in speech)
     assert speech[0][0] == arrivals[0]  # the first frame, after a silent packet, goes as it comes
-    times = [round(1000 * (at - arrivals[0]), 3) for at, _ in speech]
-    assert times == [40.0 * i for i in range(12)]  # then the schedule, whatever the frames' jitter
+    times = [1000 * (at - arrivals[0]) for at, _ in speech]
+    # then the schedule, whatever the frames' jitter (but for SLACK_S: the pacer sends a packet that early
+    # with other tracks' due)
+    assert all(-1000 * SLACK_S - 1e-6 <= at - 40.0 * i <= 1e-6 for i, at in enumerate(times)), times
     assert [packet.pts - speech[0][1].pts for _, packet in speech] == [1920 * i for i in range(12)]
+
+
+def test_a_track_that_never_runs_dry_moves_its_schedule_to_the_frames():
+    """Frames that keep coming 25 ms (+-2) before the schedule's ticks, the track never without audio
+    (its first packet was timed by the peer's connecting, not by a frame): after PHASE_WINDOW packets
+    the schedule moves earlier, once, to leave the latest frame PHASE_MARGIN_S; the packets stay a packet
+    time apart but for that one."""
+    base = time.monotonic() + 1000.0
+    jitter = [0.0, 0.002, -0.002, 0.001, -0.001]
+    arrivals = [base] + [base + 0.080 * k - 0.025 + jitter[k % 5] for k in range(1, 50)]
+    out = pace_by_hand(arrivals, base)
+    firsts = {frame: at for at, _, started in out for frame in started}
+    waited = [round(1000 * (firsts[k] - at), 1) for k, at in enumerate(arrivals)]
+    assert all(23 <= w <= 27 for w in waited[1:25]), waited  # held until the schedule's tick
+    assert all(1000 * (PHASE_MARGIN_S - SLACK_S) - 0.1 <= w <= 7.1 for w in waited[30:]), waited  # then not
+    times = [at for at, packet, _ in out if np.abs(packet.pcm).max() > 0]
+    spacing = [round(1000 * (b - a), 1) for a, b in zip(times, times[1:], strict=False)]
+    assert len([gap for gap in spacing if gap != 40.0]) == 1, spacing  # the one move
+    assert sum(40.0 - gap for gap in spacing) == pytest.approx(1000 * (0.023 - PHASE_MARGIN_S), abs=0.01)
 
 
 def test_the_bench_microphone_sends_the_packets_the_answer_asks_for():

@@ -8,6 +8,7 @@ import asyncio
 import collections
 import fractions
 import logging
+import math
 import os
 import queue
 import threading
@@ -34,6 +35,10 @@ MAX_QUEUED_S = 1.0  # the assistant's audio queued for the track beyond this: th
 STANDING_S = 0.16  # the queue's low over the last two frames is what a late frame left behind
 HURRY_SAMPLES = (60, 120)  # 2.5 or 5 ms (past 40 ms behind) out of each 20 ms of speech, cross-faded
 GRACE_S = 0.02  # a packet whose audio is not all there at its time waits this much more for it
+PHASE_WINDOW = 50  # packets (2 s) over which a track's frames came at least this early ...
+PHASE_EARLY_S = 0.006  # ... for its schedule to move earlier, leaving them PHASE_MARGIN_S early
+PHASE_MARGIN_S = 0.003
+SLACK_S = 0.002  # a packet whose audio is all there may go this early: the pacer serves it with others due
 SILENT_PEAK = 1e-3  # of full scale: a packet under it is silence (skippable)
 OPUS_BITRATE = 48000  # mono voice, 12 kHz of band
 
@@ -77,6 +82,8 @@ class AssistantTrack(MediaStreamTrack):
         self._pacer: _Pacer | None = None
         self._encode: Callable[[np.ndarray], Media] | None = None
         self._start, self._made = 0.0, 0  # the schedule: packet n goes at _start + n packet times
+        self._full_at: float | None = None  # when the next packet's audio was seen all there, before its time
+        self._earliest, self._window = math.inf, 0  # the least a packet's audio was early by, over a window
         self._stopping = threading.Event()
 
     def play(self, pcm: np.ndarray, frame: int | None = None) -> None:
@@ -189,17 +196,27 @@ class AssistantTrack(MediaStreamTrack):
         """On the pacer's thread: every packet due by `now` made and handed to the loop; when to look
         again (None: the track has ended). A packet goes at its time on an absolute schedule (no drift)
         with its audio all there; else up to GRACE_S later as soon as it is (a frame a little late);
-        else with what there is. After a packet with nothing to send, as soon as the audio is all there:
-        the engine's frames have a phase of their own, which the schedule takes (a packet spaced closer
-        than the packet time would raise the receiver's jitter buffer)."""
+        else with what there is. The engine's frames come at a phase of their own (the same for every
+        session: one engine steps them all), which the schedule takes: after a packet with nothing to
+        send, as soon as the audio is all there; and where, over PHASE_WINDOW packets, every packet's
+        audio was there PHASE_EARLY_S before its time or more, the schedule moves earlier to leave the
+        latest PHASE_MARGIN_S (a track that never runs dry, its first packet timed by the peer's
+        connecting, held every frame up to a packet time). Never to each frame as it comes: a packet
+        spaced closer than the packet time, or later, by the engine's step-to-step jitter would raise the
+        receiver's jitter buffer (tests/test_rtc.py)."""
         while not self._stopping.is_set():
             self._take_played()
             due = self._start + self._made * self.packet / RATE
             full = self._samples >= self.packet
             if full and self._idle:  # (now read again: encoding other tracks' packets took time)
                 self._start -= max(0.0, due - max(now, time.monotonic()))
-            elif not (full and now >= due) and now < due + GRACE_S:
+                self._full_at, self._earliest, self._window = None, math.inf, 0
+            elif not (full and now + SLACK_S >= due) and now < due + GRACE_S:
+                if full and self._full_at is None:
+                    self._full_at = now
                 return due if full else due + GRACE_S
+            else:
+                self._note_early(due, full, now)
             try:
                 item = self._make(self._encode)
             except Exception:  # the track ends (and the sender with it) rather than leave `recv` waiting
@@ -207,10 +224,27 @@ class AssistantTrack(MediaStreamTrack):
                 self._stopping.set()
                 break
             self._made += 1
+            if self._window >= PHASE_WINDOW:
+                if self._earliest >= PHASE_EARLY_S:
+                    self._start -= self._earliest - PHASE_MARGIN_S
+                self._earliest, self._window = math.inf, 0
             if not self._deliver(item):
                 return None
         self._deliver(None)
         return None
+
+    def _note_early(self, due: float, full: bool, now: float) -> None:
+        """How early the packet going now had its audio all there (negative: late, after its grace)."""
+        if full:
+            early = due - (self._full_at if self._full_at is not None else now)
+        elif self._samples:  # a frame not all there by the end of its grace
+            early = due - now
+        else:  # nothing to send: no frame came early or late
+            early = None
+        self._full_at = None
+        if early is not None:
+            self._earliest = min(self._earliest, early)
+            self._window += 1
 
     def _take_played(self) -> None:
         """What `play` has given since last asked, queued."""
@@ -294,7 +328,7 @@ class _Pacer:
         for track in poked:
             self.tracks.setdefault(track, now)
         for track, at in list(self.tracks.items()):
-            if at <= now or track in poked:
+            if at <= now + SLACK_S or track in poked:
                 try:
                     again = track._service(now)
                 except Exception:  # a bug in one track ends that track, not the pacer and every other
