@@ -397,6 +397,32 @@ def test_a_track_that_never_runs_dry_moves_its_schedule_to_the_frames():
     assert sum(40.0 - gap for gap in spacing) == pytest.approx(1000 * (0.023 - PHASE_MARGIN_S), abs=0.01)
 
 
+def test_a_first_frame_in_its_packets_grace_sets_the_phase_later():
+    """After silence, a first frame that comes 10 ms past a tick (its packet waiting in the grace) sets
+    the schedule's phase, later: the frames after it go a packet time apart (kept at the old phase,
+    each frame's first packet waited in the grace and the spacing alternated 30 / 50 ms)."""
+    base = time.monotonic() + 1000.0
+    arrivals = [base + 0.130 + 0.080 * k for k in range(10)]  # the ticks at base + 40 ms n
+    out = pace_by_hand(arrivals, base)
+    times = [at for at, packet, _ in out if np.abs(packet.pcm).max() > 0]
+    assert times[0] == arrivals[0]
+    assert [round(1000 * (b - a), 1) for a, b in zip(times, times[1:], strict=False)] == [40.0] * 19
+
+
+def test_a_schedule_moves_later_when_the_frames_phase_does():
+    """Frames 25 ms early move a schedule that never runs dry earlier (above); when the engine's phase
+    then moves 6 ms later (longer steps as sessions join), PHASE_LATE_SHARE of a window's packets late
+    move it later, once: the packets go a packet time apart again, not alternately early and late."""
+    base = time.monotonic() + 1000.0
+    arrivals = [base] + [base + 0.080 * k - 0.025 + 0.006 * (k >= 40) for k in range(1, 120)]
+    out = pace_by_hand(arrivals, base)
+    times = [at for at, packet, _ in out if np.abs(packet.pcm).max() > 0]
+    spacing = [round(1000 * (b - a), 1) for a, b in zip(times, times[1:], strict=False)]
+    assert spacing[-60:] == [40.0] * 60, spacing
+    firsts = {frame: at for at, _, started in out for frame in started}
+    assert all(round(1000 * (firsts[k] - arrivals[k]), 1) == 1000 * PHASE_MARGIN_S for k in range(90, 120))
+
+
 def test_the_bench_microphone_sends_the_packets_the_answer_asks_for():
     """The load bench's client stands for a browser: packets as long as the server's a=ptime, decoded
     by FFmpeg (the peer's decoder) to that length, stamped on the 48 kHz RTP clock."""

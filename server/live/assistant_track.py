@@ -35,8 +35,9 @@ MAX_QUEUED_S = 1.0  # the assistant's audio queued for the track beyond this: th
 STANDING_S = 0.16  # the queue's low over the last two frames is what a late frame left behind
 HURRY_SAMPLES = (60, 120)  # 2.5 or 5 ms (past 40 ms behind) out of each 20 ms of speech, cross-faded
 GRACE_S = 0.02  # a packet whose audio is not all there at its time waits this much more for it
-PHASE_WINDOW = 50  # packets (2 s) over which a track's frames came at least this early ...
-PHASE_EARLY_S = 0.006  # ... for its schedule to move earlier, leaving them PHASE_MARGIN_S early
+PHASE_WINDOW = 50  # packets (2 s of 40 ms ones) over which every frame came at least this early ...
+PHASE_EARLY_S = 0.006  # ... for the schedule to move earlier, leaving the latest PHASE_MARGIN_S early; or
+PHASE_LATE_SHARE = 0.25  # this share of them late, for it to move later (a phase that moved, not a late step)
 PHASE_MARGIN_S = 0.003
 SLACK_S = 0.002  # a packet whose audio is all there may go this early: the pacer serves it with others due
 SILENT_PEAK = 1e-3  # of full scale: a packet under it is silence (skippable)
@@ -83,7 +84,8 @@ class AssistantTrack(MediaStreamTrack):
         self._encode: Callable[[np.ndarray], Media] | None = None
         self._start, self._made = 0.0, 0  # the schedule: packet n goes at _start + n packet times
         self._full_at: float | None = None  # when the next packet's audio was seen all there, before its time
-        self._earliest, self._window = math.inf, 0  # the least a packet's audio was early by, over a window
+        self._earliest, self._window, self._late = math.inf, 0, 0  # over a window: the least a packet's audio
+        # was early by, the packets, those late
         self._stopping = threading.Event()
 
     def play(self, pcm: np.ndarray, frame: int | None = None) -> None:
@@ -198,19 +200,20 @@ class AssistantTrack(MediaStreamTrack):
         with its audio all there; else up to GRACE_S later as soon as it is (a frame a little late);
         else with what there is. The engine's frames come at a phase of their own (the same for every
         session: one engine steps them all), which the schedule takes: after a packet with nothing to
-        send, as soon as the audio is all there; and where, over PHASE_WINDOW packets, every packet's
-        audio was there PHASE_EARLY_S before its time or more, the schedule moves earlier to leave the
-        latest PHASE_MARGIN_S (a track that never runs dry, its first packet timed by the peer's
-        connecting, held every frame up to a packet time). Never to each frame as it comes: a packet
-        spaced closer than the packet time, or later, by the engine's step-to-step jitter would raise the
-        receiver's jitter buffer (tests/test_rtc.py)."""
+        send, from the moment the audio is all there (earlier or later than the old phase); and where,
+        over PHASE_WINDOW packets, every packet's audio was there PHASE_EARLY_S before its time or more,
+        or PHASE_LATE_SHARE of them came late, the schedule moves to leave the latest PHASE_MARGIN_S (a
+        track that never runs dry, its first packet timed by the peer's connecting, held every frame up
+        to a packet time; one whose frames' phase moved later sent each as it came). Never to each
+        frame as it comes: a packet spaced closer than the packet time, or later, by the engine's
+        step-to-step jitter would raise the receiver's jitter buffer (tests/test_rtc.py)."""
         while not self._stopping.is_set():
             self._take_played()
             due = self._start + self._made * self.packet / RATE
             full = self._samples >= self.packet
             if full and self._idle:  # (now read again: encoding other tracks' packets took time)
-                self._start -= max(0.0, due - max(now, time.monotonic()))
-                self._full_at, self._earliest, self._window = None, math.inf, 0
+                self._start += max(now, time.monotonic()) - due
+                self._full_at, self._earliest, self._window, self._late = None, math.inf, 0, 0
             elif not (full and now + SLACK_S >= due) and now < due + GRACE_S:
                 if full and self._full_at is None:
                     self._full_at = now
@@ -225,9 +228,9 @@ class AssistantTrack(MediaStreamTrack):
                 break
             self._made += 1
             if self._window >= PHASE_WINDOW:
-                if self._earliest >= PHASE_EARLY_S:
-                    self._start -= self._earliest - PHASE_MARGIN_S
-                self._earliest, self._window = math.inf, 0
+                if self._earliest >= PHASE_EARLY_S or self._late >= PHASE_LATE_SHARE * PHASE_WINDOW:
+                    self._start -= max(self._earliest, -GRACE_S) - PHASE_MARGIN_S
+                self._earliest, self._window, self._late = math.inf, 0, 0
             if not self._deliver(item):
                 return None
         self._deliver(None)
@@ -245,6 +248,7 @@ class AssistantTrack(MediaStreamTrack):
         if early is not None:
             self._earliest = min(self._earliest, early)
             self._window += 1
+            self._late += early < 0
 
     def _take_played(self) -> None:
         """What `play` has given since last asked, queued."""
