@@ -84,8 +84,7 @@ class AssistantTrack(MediaStreamTrack):
         self._encode: Callable[[np.ndarray], Media] | None = None
         self._start, self._made = 0.0, 0  # the schedule: packet n goes at _start + n packet times
         self._full_at: float | None = None  # when the next packet's audio was seen all there, before its time
-        self._earliest, self._window, self._late = math.inf, 0, 0  # over a window: the least a packet's audio
-        # was early by, the packets, those late
+        self._new_window()
         self._stopping = threading.Event()
 
     def play(self, pcm: np.ndarray, frame: int | None = None) -> None:
@@ -213,7 +212,8 @@ class AssistantTrack(MediaStreamTrack):
             full = self._samples >= self.packet
             if full and self._idle:  # (now read again: encoding other tracks' packets took time)
                 self._start += max(now, time.monotonic()) - due
-                self._full_at, self._earliest, self._window, self._late = None, math.inf, 0, 0
+                self._full_at = None
+                self._new_window()
             elif not (full and now + SLACK_S >= due) and now < due + GRACE_S:
                 if full and self._full_at is None:
                     self._full_at = now
@@ -230,11 +230,16 @@ class AssistantTrack(MediaStreamTrack):
             if self._window >= PHASE_WINDOW:
                 if self._earliest >= PHASE_EARLY_S or self._late >= PHASE_LATE_SHARE * PHASE_WINDOW:
                     self._start -= max(self._earliest, -GRACE_S) - PHASE_MARGIN_S
-                self._earliest, self._window, self._late = math.inf, 0, 0
+                self._new_window()
             if not self._deliver(item):
                 return None
         self._deliver(None)
         return None
+
+    def _new_window(self) -> None:
+        """Over the next PHASE_WINDOW packets: the least a packet's audio was early by, the packets
+        counted, those late."""
+        self._earliest, self._window, self._late = math.inf, 0, 0
 
     def _note_early(self, due: float, full: bool, now: float) -> None:
         """How early the packet going now had its audio all there (negative: late, after its grace)."""
