@@ -360,6 +360,17 @@ def pace_by_hand(arrivals: list[float], start: float) -> list[tuple[float, objec
     return out
 
 
+def spacing_ms(out: list[tuple[float, object, list[int]]]) -> list[float]:
+    """The times between `pace_by_hand`'s packets of speech, in ms."""
+    times = [at for at, packet, _ in out if np.abs(packet.pcm).max() > 0]
+    return [round(1000 * (b - a), 1) for a, b in zip(times, times[1:], strict=False)]
+
+
+def first_packets(out: list[tuple[float, object, list[int]]]) -> dict[int, float]:
+    """When each frame's first packet went, by frame."""
+    return {frame: at for at, _, started in out for frame in started}
+
+
 def test_frames_that_come_early_go_out_on_the_schedule_not_with_the_engines_jitter():
     """After the first frame sets the schedule's phase, frames that keep coming up to 8 ms early (an
     engine's step-to-step jitter) go out on the schedule, a packet time apart, with their RTP timestamps:
@@ -387,12 +398,11 @@ def test_a_track_that_never_runs_dry_moves_its_schedule_to_the_frames():
     jitter = [0.0, 0.002, -0.002, 0.001, -0.001]
     arrivals = [base] + [base + 0.080 * k - 0.025 + jitter[k % 5] for k in range(1, 50)]
     out = pace_by_hand(arrivals, base)
-    firsts = {frame: at for at, _, started in out for frame in started}
+    firsts = first_packets(out)
     waited = [round(1000 * (firsts[k] - at), 1) for k, at in enumerate(arrivals)]
     assert all(23 <= w <= 27 for w in waited[1:25]), waited  # held until the schedule's tick
     assert all(1000 * (PHASE_MARGIN_S - SLACK_S) - 0.1 <= w <= 7.1 for w in waited[30:]), waited  # then not
-    times = [at for at, packet, _ in out if np.abs(packet.pcm).max() > 0]
-    spacing = [round(1000 * (b - a), 1) for a, b in zip(times, times[1:], strict=False)]
+    spacing = spacing_ms(out)
     assert len([gap for gap in spacing if gap != 40.0]) == 1, spacing  # the one move
     assert sum(40.0 - gap for gap in spacing) == pytest.approx(1000 * (0.023 - PHASE_MARGIN_S), abs=0.01)
 
@@ -404,9 +414,8 @@ def test_a_first_frame_in_its_packets_grace_sets_the_phase_later():
     base = time.monotonic() + 1000.0
     arrivals = [base + 0.130 + 0.080 * k for k in range(10)]  # the ticks at base + 40 ms n
     out = pace_by_hand(arrivals, base)
-    times = [at for at, packet, _ in out if np.abs(packet.pcm).max() > 0]
-    assert times[0] == arrivals[0]
-    assert [round(1000 * (b - a), 1) for a, b in zip(times, times[1:], strict=False)] == [40.0] * 19
+    assert first_packets(out)[0] == arrivals[0]
+    assert spacing_ms(out) == [40.0] * 19
 
 
 def test_a_schedule_moves_later_when_the_frames_phase_does():
@@ -416,10 +425,9 @@ def test_a_schedule_moves_later_when_the_frames_phase_does():
     base = time.monotonic() + 1000.0
     arrivals = [base] + [base + 0.080 * k - 0.025 + 0.006 * (k >= 40) for k in range(1, 120)]
     out = pace_by_hand(arrivals, base)
-    times = [at for at, packet, _ in out if np.abs(packet.pcm).max() > 0]
-    spacing = [round(1000 * (b - a), 1) for a, b in zip(times, times[1:], strict=False)]
+    spacing = spacing_ms(out)
     assert spacing[-60:] == [40.0] * 60, spacing
-    firsts = {frame: at for at, _, started in out for frame in started}
+    firsts = first_packets(out)
     assert all(round(1000 * (firsts[k] - arrivals[k]), 1) == 1000 * PHASE_MARGIN_S for k in range(90, 120))
 
 
