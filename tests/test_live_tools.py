@@ -100,6 +100,53 @@ def test_outputs_go_back_as_one_batch_and_the_attempt_goes_on_in_a_new_response(
     assert done[-1]["type"] == "response.completed" and done[-1]["response"]["id"] == created["response"]["id"]
 
 
+def test_a_newer_attempts_round_that_crossed_the_response_create_waits_for_its_outputs():
+    """KAME's planner starts a newer attempt while the client answers an older one: the newer round's items
+    may cross the client's `response.create` on the wire (seen in CI with LiveKit's GPTLiveModel, which sends
+    it once every call it has seen is answered). The older round goes on and the newer waits, no error."""
+    rig = Rig()
+    rig.start(delegation=responses())
+    started_with_a_round(rig, [("call_1", "get_weather", '{"city": "Paris"}')], epoch=1)
+    started_with_a_round(rig, [("call_2", "get_weather", '{"city": "Paris"}')], epoch=2)
+    rig.send(**output("call_1", "sunny"))
+    rig.send(type="response.create")
+    assert [e["type"] for e in rig.events() if e["type"] == "error"] == []
+    assert [a.call_id for a in rig.of(act.AnswerCall)] == ["call_1"]
+    rig.send(**output("call_2", "sunny"))
+    rig.send(type="response.create")
+    assert [a.call_id for a in rig.of(act.AnswerCall)] == ["call_1", "call_2"]
+
+
+def test_a_late_output_with_a_newer_round_unseen_is_no_error():
+    """The older attempt was superseded (its call ended quietly) and a newer one called the tool again: the
+    client's late output and its `response.create` are taken quietly, the newer call waits for its own."""
+    rig = Rig()
+    rig.start(delegation=responses())
+    started_with_a_round(rig, [("call_1", "get_weather", '{"city": "Paris"}')], epoch=1)
+    rig.mapping.on_session(attempt("cancelled", epoch=1), rig.now)
+    rig.mapping.call_ended("call_1", "cancelled")
+    started_with_a_round(rig, [("call_2", "get_weather", '{"city": "Paris"}')], epoch=2)
+    rig.send(**output("call_1", "sunny"))
+    rig.send(type="response.create")
+    assert rig.events() == [] and rig.of(act.AnswerCall) == rig.of(RequestAttempt) == []
+    rig.send(**output("call_2", "sunny"))
+    rig.send(type="response.create")
+    assert [a.call_id for a in rig.of(act.AnswerCall)] == ["call_2"]
+    assert [e["type"] for e in inner(rig.events())] == ["response.created"]
+
+
+def test_a_partial_round_is_refused_while_another_round_is_ready():
+    rig = Rig()
+    rig.start(delegation=responses())
+    started_with_a_round(rig, [("call_1", "get_weather", "{}")], epoch=1)
+    started_with_a_round(rig, [("call_2", "get_weather", "{}"), ("call_3", "get_time", "{}")], epoch=2)
+    rig.send(**output("call_1", "sunny"))
+    rig.send(**output("call_2", "rain"))
+    err = rig.error(type="response.create")
+    assert err.code == "function_call_outputs_required" and "call_3" in str(err) and "call_1" not in str(err)
+    assert rig.of(act.AnswerCall) == []
+
+
 def test_an_output_for_no_call_or_twice_is_an_error_and_the_session_goes_on():
     rig = Rig()
     rig.start(delegation=responses())

@@ -1,7 +1,8 @@
 """A GPT-Live client's function calls under Responses delegation, as the protocol counts them: a call is
 announced in its response's items, its output comes in one `response.item.create`, and one `response.create`
-hands every output to the backend at once (a partial batch is refused: `function_call_outputs_required`). A
-call the backend stopped waiting for (timed out, or its attempt superseded) takes a late output quietly."""
+hands every output of an attempt's round to the backend at once (a partial round is refused:
+`function_call_outputs_required`; a newer attempt's round the client may not have seen yet waits). A call the
+backend stopped waiting for (timed out, or its attempt superseded) takes a late output quietly."""
 
 from __future__ import annotations
 
@@ -50,20 +51,32 @@ class ClientCalls:
                             "item.call_id")
 
     def release(self) -> tuple[list[tuple[str, str]], list[int]] | None:
-        """`response.create`: every waiting call's (call_id, output) and the attempts they resume; [] when only
-        late outputs came (nothing to do); None when nothing waits at all (a response is asked for).
-        LiveError `function_call_outputs_required` while an output is missing."""
+        """`response.create`: the (call_id, output) of every attempt whose calls all have their outputs, and
+        those attempts, to resume; ([], []) when nothing is ready but outputs came (late ones: nothing to do);
+        None when nothing waits at all (a response is asked for). The protocol's batch is an attempt's round:
+        an attempt with some outputs and not all is a partial batch, and LiveError
+        `function_call_outputs_required` names its missing calls (nothing is released). An attempt none of
+        whose calls has an output keeps waiting when something else was answered: its round may have crossed
+        the client's `response.create` on the wire (KAME runs a newer attempt while the client answers an
+        older one); the client answers it when it sees it, or the call times out. With nothing ready and no
+        output at all, the `response.create` is early: the same error, naming every waiting call."""
         late, self._late = self._late, 0
         if not self._waiting:
             return ([], []) if late else None
-        missing = [call_id for call_id, call in self._waiting.items() if call.output is None]
-        if missing:
+        rounds: dict[int, list[tuple[str, _Call]]] = {}
+        for call_id, call in self._waiting.items():
+            rounds.setdefault(call.epoch, []).append((call_id, call))
+        partial = [call_id for calls in rounds.values() if any(call.output is not None for _, call in calls)
+                   for call_id, call in calls if call.output is None]
+        ready = sorted(epoch for epoch, calls in rounds.items() if all(call.output is not None for _, call in calls))
+        if partial or not (ready or late):
+            missing = partial or list(self._waiting)
             raise LiveError("function_call_outputs_required", "Every pending function call needs its "
                             f"function_call_output before response.create; missing: {', '.join(missing)}.", "type")
-        answers = [(call_id, call.output) for call_id, call in self._waiting.items()]
-        epochs = sorted({call.epoch for call in self._waiting.values()})
-        self._waiting.clear()
-        return answers, epochs
+        answers = [(call_id, call.output) for epoch in ready for call_id, call in rounds[epoch]]
+        for call_id, _ in answers:
+            del self._waiting[call_id]
+        return answers, ready
 
     def end(self, call_id: str) -> int | None:
         """The backend stopped waiting for `call_id` (answered, timed out or cancelled): the attempt it belonged
