@@ -36,7 +36,9 @@ from ray.serve.request_router import (
 )
 
 PROBE_DEADLINE_S = 1.0  # a replica that does not answer this fast ranks last
-FORGET_S = 2.0  # a placement its replica has not answered this long is forgotten (an answer lost)
+FORGET_S = 10.0  # a placement its replica has not answered this long is forgotten (an answer lost); a
+# loaded machine's replica may take seconds to answer, and a placement forgotten before then no longer
+# spreads a burst
 
 
 class Placements:
@@ -82,9 +84,14 @@ class FewestSessionsRouter(FIFOMixin, RequestRouter):
             return []
         counts = await asyncio.gather(*(self._ongoing(r) for r in candidate_replicas))
         now = time.monotonic()
-        load = {r.replica_id: max(count, self._of(r.replica_id).count(now))
-                for r, count in zip(candidate_replicas, counts, strict=True)}
-        ranked = sorted(candidate_replicas, key=lambda r: (load[r.replica_id], random.random()))
+        # a replica that did not answer in time ranks after those that did, and by this router's own count
+        # among the others that did not: with every probe out of time (a loaded machine), every replica was
+        # once equally "infinitely" loaded and a burst of sessions was placed at random
+        load = {}
+        for replica, count in zip(candidate_replicas, counts, strict=True):
+            own = self._of(replica.replica_id).count(now)
+            load[replica.replica_id] = (True, own) if count == float("inf") else (False, max(count, own))
+        ranked = sorted(candidate_replicas, key=lambda r: (*load[r.replica_id], random.random()))
         # counted at once (no await between here and the next ranking's reading of it): requests
         # ranked together see each other
         self._of(ranked[0].replica_id).placed(now)

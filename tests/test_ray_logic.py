@@ -171,12 +171,15 @@ def test_placements_count_from_the_ranking_to_the_end():
 
 
 class FakeReplica:
-    """A replica as the router sees it: its live count, which holds a request once it has arrived."""
+    """A replica as the router sees it: its live count, which holds a request once it has arrived (or a
+    probe that runs out of time: a loaded machine)."""
 
-    def __init__(self, name: str, ongoing: int = 0) -> None:
-        self.replica_id, self.ongoing, self.taken = name, ongoing, 0
+    def __init__(self, name: str, ongoing: int = 0, silent: bool = False) -> None:
+        self.replica_id, self.ongoing, self.taken, self.silent = name, ongoing, 0, silent
 
     async def get_queue_len(self, deadline_s: float) -> int:
+        if self.silent:
+            raise TimeoutError
         return self.ongoing
 
 
@@ -233,6 +236,24 @@ def test_a_burst_fills_every_slot_once(travel_s, phantom):
             router, replicas = make_router(), [FakeReplica("a", phantom), FakeReplica("b")]
             await asyncio.gather(*(place(router, replicas, travel_s) for _ in range(4)))
             assert sorted(r.taken for r in replicas) == [2, 2]
+
+    asyncio.run(go())
+
+
+def test_a_burst_spreads_by_the_routers_own_count_when_no_replica_answers_its_probe():
+    """On a loaded machine every probe may run out of time: the replicas rank by this router's own count
+    (they ranked all alike, and four sessions at once were placed at random), and a replica that answers
+    still ranks before one that does not (a dead replica's count does not answer)."""
+    pytest.importorskip("ray.serve")
+
+    async def go():
+        for _ in range(20):  # ties are broken at random
+            router, replicas = make_router(), [FakeReplica("a", silent=True), FakeReplica("b", silent=True)]
+            await asyncio.gather(*(place(router, replicas, 0.01) for _ in range(4)))
+            assert sorted(r.taken for r in replicas) == [2, 2]
+        router = make_router()
+        ranked = await router.choose_replicas([FakeReplica("dead", silent=True), FakeReplica("busy", ongoing=1)])
+        assert [group[0].replica_id for group in ranked] == ["busy", "dead"]
 
     asyncio.run(go())
 
