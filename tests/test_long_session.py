@@ -12,6 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import linecache
+import logging
+import threading
+import tokenize
+import traceback
 import tracemalloc
 
 import numpy as np
@@ -43,6 +48,26 @@ TRACE_FROM_S = 26.0  # past the latency tracker's 20 s window and two turns: tra
 # turn's records in bounded histories; one frame of PCM kept per frame would be 275 x 7.7 kB = 2.1 MB)
 FRAMES_TRACED = int((SECONDS - TRACE_FROM_S) / FRAME_S)
 HEAP_GROWTH_LIMIT = 256 * 1024
+# Not the session's: the process's cache of source lines and the log records' formatting, which a traceback
+# logged by any thread fills (CI once saw 716 kB in linecache, from a record with a traceback the run did
+# not keep). A record this session's threads log at ERROR fails the test on its own.
+NOT_THE_SESSIONS = [tracemalloc.Filter(False, module.__file__) for module in (linecache, tokenize, traceback)] + [
+    tracemalloc.Filter(False, logging.__file__.replace("__init__.py", "*"))]
+
+
+class _Records(logging.Handler):
+    """The log records of WARNING and above while it is attached, with the thread that logged each."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def lines(self) -> str:
+        return "\n".join(f"  {r.levelname} {r.name} [{r.threadName}]: {r.getMessage()}"
+                         f"{' (' + repr(r.exc_info[1]) + ')' if r.exc_info else ''}" for r in self.records[:10])
 
 
 def _script():
@@ -129,22 +154,30 @@ def test_a_conversation_fifteen_contexts_long_keeps_steering_with_flat_memory(ru
 
             reader = asyncio.ensure_future(read())
             tracemalloc.start()  # from the start: what is alive at both readings was traced at both
+            logging.getLogger().addHandler(records)
             try:
                 await speak()
                 heap["end"] = tracemalloc.take_snapshot()
             finally:
                 tracemalloc.stop()
+                logging.getLogger().removeHandler(records)
             reader.cancel()
             frames = session.frames_in, session.frames_out, session.handle.dropped_frames
             same_rings = rings == _rings(tiny_copy)
         return got, heap, frames, same_rings
 
+    records = _Records()
     got, heap, (frames_in, frames_out, dropped), same_rings = asyncio.run(scenario())
+    ours = {threading.main_thread().ident, runtime.runner._thread.ident}
+    assert not [r for r in records.records if r.levelno >= logging.ERROR and r.thread in ours], records.lines()
     assert frames_in == frames_out == int(SECONDS / FRAME_S) and dropped == 0
     assert same_rings  # the KV rings were never reallocated: their memory is the slot's, fixed
-    sites = heap["end"].compare_to(heap["start"], "lineno")
+    sites = heap["end"].filter_traces(NOT_THE_SESSIONS).compare_to(
+        heap["start"].filter_traces(NOT_THE_SESSIONS), "lineno")
     growth = sum(site.size_diff for site in sites)
     top = "\n".join(f"{site.size_diff:+8d} B {site.count_diff:+5d} blocks  {site.traceback}" for site in sites[:8])
+    if records.records:
+        top += f"\nlogged while traced:\n{records.lines()}"
     print(f"heap growth over the last {FRAMES_TRACED} frames: {growth} B\n{top}")
     assert growth < HEAP_GROWTH_LIMIT, f"the session's heap grew {growth} bytes in {FRAMES_TRACED} frames:\n{top}"
     grows = max(sites, key=lambda site: site.count_diff)
