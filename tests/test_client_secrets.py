@@ -39,10 +39,13 @@ def test_a_browser_opens_sessions_with_a_secret_its_backend_minted():
         base = url.replace("ws://", "http://") + "/v1"
 
         async def go():
-            backend = AsyncOpenAI(base_url=base, api_key="server-token")
-            secret = await backend.realtime.client_secrets.create(expires_after={"anchor": "created_at",
-                                                                                 "seconds": 60})
-            browser = AsyncOpenAI(base_url=base, api_key=secret.value)
+            async with AsyncOpenAI(base_url=base, api_key="server-token") as backend:
+                secret = await backend.realtime.client_secrets.create(expires_after={"anchor": "created_at",
+                                                                                     "seconds": 60})
+            async with AsyncOpenAI(base_url=base, api_key=secret.value) as browser:
+                return await as_the_browser(browser, secret)
+
+        async def as_the_browser(browser, secret):
             async with browser.live.connect() as conn:
                 await conn.session.start(session={"model": "gpt-live-1"})
                 started = await conn.recv()

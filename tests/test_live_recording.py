@@ -26,7 +26,10 @@ TONE = (0.3 * np.sin(2 * np.pi * 440 * np.arange(24000) / 24000)).astype(np.floa
 def test_a_finished_session_downloads_as_two_channels(tmp_path):
     with running_server(asr="none", record_dir=tmp_path) as (url, _):
         async def go():
-            client = sdk(url)
+            async with sdk(url) as client:  # closed on this loop (collected unclosed, it fails on another's)
+                return await download(client)
+
+        async def download(client):
             async with client.live.connect() as conn:
                 events = Events(conn, LIVE_EVENT)
                 await conn.session.start(session={"model": "gpt-live-1", "delegation": {"type": "client"}})
@@ -62,8 +65,9 @@ def test_unknown_sessions_and_a_server_that_does_not_record_are_404(tandem_serve
     url, _ = tandem_server
 
     async def missing(base: str, session_id: str) -> openai.APIStatusError:
-        with pytest.raises(openai.NotFoundError) as caught:
-            await sdk(base).live.sessions.download_recording(session_id)
+        async with sdk(base) as client:
+            with pytest.raises(openai.NotFoundError) as caught:
+                await client.live.sessions.download_recording(session_id)
         return caught.value
 
     off = asyncio.run(missing(url, "anysession"))

@@ -159,8 +159,8 @@ def test_a_spoken_question_over_webrtc_with_client_delegation(tandem_server, voi
 
     async def go():
         peer = Peer(question)
+        sdk = AsyncOpenAI(base_url=url.replace("ws://", "http://") + "/v1", api_key="kame-test")
         try:
-            sdk = AsyncOpenAI(base_url=url.replace("ws://", "http://") + "/v1", api_key="kame-test")
             created = await sdk.live.create(session={"model": "gpt-live-1", "delegation": {"type": "client"}},
                                             transport={"type": "webrtc", "sdp": await peer.offer()})
             body = created.model_dump()
@@ -181,6 +181,7 @@ def test_a_spoken_question_over_webrtc_with_client_delegation(tandem_server, voi
             return body, peer
         finally:
             await peer.close()
+            await sdk.close()
 
     body, peer = asyncio.run(go())
     assert body["session"]["id"] and body["transport"]["type"] == "webrtc"
