@@ -344,6 +344,30 @@ def test_identical_calls_in_a_turn_are_served_once_and_a_new_turn_calls_again():
     assert not d.cached and not e.cached and e.content.startswith("call 3")
 
 
+def test_a_tool_not_shared_runs_every_call_and_ends_each_with_its_attempt():
+    """GPT-Live's client functions (`shared = False`): the client is shown every call of a round and answers
+    each, so each call waits for its own output; cached, a second identical call waited on the first's
+    output and the client's answer to it reached nothing (a response that never completed)."""
+    tool = CountingTool(delay_s=0.05)
+    tool.shared = False
+
+    async def scenario():
+        box = ToolBox.of([tool], orphan_grace_s=60)
+        a, b = await asyncio.gather(box.run(ToolCall("1", "count", '{"x": 1}'), turn=1),
+                                    box.run(ToolCall("2", "count", '{"x": 1}'), turn=1))
+        tool.delay_s = 10
+        waiter = asyncio.create_task(box.run(ToolCall("3", "count", '{"x": 1}'), turn=1))
+        await asyncio.sleep(0.05)
+        waiter.cancel()  # its attempt superseded: the call ends now, no grace
+        await asyncio.gather(waiter, return_exceptions=True)
+        await asyncio.sleep(0.01)
+        return a, b
+
+    a, b = run(scenario())
+    assert tool.calls == 3 and not a.cached and not b.cached and a.call.id == "1" and b.call.id == "2"
+    assert tool.cancelled == 1
+
+
 def test_cancelling_the_only_waiter_cancels_the_call_and_leaves_no_cache_entry():
     tool = CountingTool(delay_s=10)
 

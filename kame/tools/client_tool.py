@@ -18,8 +18,12 @@ class ClientTool:
 
     client = True  # ToolBox.set_client_tools replaces these; the server's own tools stay
 
-    def __init__(self, spec: ToolSpec, limits: ToolLimits, send: SendCall) -> None:
-        self.spec, self._send = spec, send
+    def __init__(self, spec: ToolSpec, limits: ToolLimits, send: SendCall, shared: bool = True) -> None:
+        """`shared`: an identical call in the same user turn is served from the first (the per-turn cache),
+        where the transport announces a call to the client only once it is sent (Realtime); False where
+        the client is shown every call of a round as it is made and answers each (GPT-Live's Responses
+        delegation), so each call waits for its own output."""
+        self.spec, self._send, self.shared = spec, send, shared
         self.limits = ToolLimits(limits.timeout_s + BACKSTOP_S, limits.max_result_chars)
 
     async def call(self, arguments: dict) -> str:

@@ -9,7 +9,8 @@ one, and no newer one asked for it again meanwhile); a cancelled call leaves not
 cache. The grace matters: a newer attempt that takes the oracle cancels the older ones at its
 first words ("let me check"), before its own round has reached the same call; without it, each
 restart would cancel the call and start it again (measured: docs/benchmarks.md, "Tool calls").
-A new user turn starts an empty cache.
+A new user turn starts an empty cache. A tool marked `shared = False` (a GPT-Live client's function, whose
+client is shown and answers every call) is never cached: each call runs, and ends with its attempt.
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ class ToolBox:
         """The result of `call` in user turn `turn`: from the cache, or by running the tool."""
         if turn != self._turn:
             self._turn, self._cache = turn, {}
+        if not getattr(self.tools.get(call.name), "shared", True):  # its own run, cancelled with its attempt
+            return await self._start(call)
         key = call.key
         shared = self._cache.get(key)
         cached = shared is not None

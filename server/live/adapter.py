@@ -182,7 +182,7 @@ class LiveCarrier:
                     tandem.apply(UseLLM(self.backend))
                 case act.ClientTools(specs=specs, tool_choice=tool_choice):
                     limits = ToolLimits(self.mapping.facts.tool_timeout_s, CLIENT_OUTPUT_CHARS)
-                    tandem.set_client_tools([ClientTool(spec, limits, self._send_call) for spec in specs],
+                    tandem.set_client_tools([ClientTool(spec, limits, self._send_call, shared=False) for spec in specs],
                                             tool_choice)
                 case act.AnswerCall(call_id=call_id, output=output):
                     waiting = self._calls.get(call_id)
