@@ -135,16 +135,37 @@ def test_a_late_output_with_a_newer_round_unseen_is_no_error():
     assert [e["type"] for e in inner(rig.events())] == ["response.created"]
 
 
-def test_a_partial_round_is_refused_while_another_round_is_ready():
+def test_an_output_whose_attempt_ended_before_the_response_create_is_no_error():
+    """The client answered, then the attempt was superseded before its `response.create` came, while a newer
+    round it has not seen waits: the `response.create` is taken quietly, as for a late output."""
+    rig = Rig()
+    rig.start(delegation=responses())
+    started_with_a_round(rig, [("call_1", "get_weather", "{}")], epoch=1)
+    rig.send(**output("call_1", "sunny"))
+    rig.mapping.on_session(attempt("cancelled", epoch=1), rig.now)
+    rig.mapping.call_ended("call_1", "cancelled")
+    started_with_a_round(rig, [("call_2", "get_weather", "{}")], epoch=2)
+    rig.send(type="response.create")
+    assert rig.events() == [] and rig.of(act.AnswerCall) == []
+
+
+def test_a_whole_round_goes_on_while_another_is_partly_answered():
+    """A client that sends each output as its tool finishes and one `response.create` per response (Pipecat):
+    the whole round goes on, the partial one waits for the rest (refusing both once stalled the whole one)."""
     rig = Rig()
     rig.start(delegation=responses())
     started_with_a_round(rig, [("call_1", "get_weather", "{}")], epoch=1)
     started_with_a_round(rig, [("call_2", "get_weather", "{}"), ("call_3", "get_time", "{}")], epoch=2)
-    rig.send(**output("call_1", "sunny"))
     rig.send(**output("call_2", "rain"))
-    err = rig.error(type="response.create")
-    assert err.code == "function_call_outputs_required" and "call_3" in str(err) and "call_1" not in str(err)
-    assert rig.of(act.AnswerCall) == []
+    rig.send(**output("call_1", "sunny"))
+    rig.send(type="response.create")
+    assert [e["type"] for e in rig.events() if e["type"] == "error"] == []
+    assert [a.call_id for a in rig.of(act.AnswerCall)] == ["call_1"]
+    err = rig.error(type="response.create")  # continues nothing: call_3 is still missing
+    assert err.code == "function_call_outputs_required" and "call_3" in str(err) and "call_2" not in str(err)
+    rig.send(**output("call_3", "noon"))
+    rig.send(type="response.create")
+    assert [a.call_id for a in rig.of(act.AnswerCall)] == ["call_1", "call_2", "call_3"]
 
 
 def test_an_output_for_no_call_or_twice_is_an_error_and_the_session_goes_on():
