@@ -486,8 +486,10 @@ def test_an_overloaded_engine_skips_missed_ticks_instead_of_catching_up(tiny, mo
     after = [end for end, _ in steps if slow_ends[-1] < end <= slow_ends[-1] + 0.06]
     # the backlog left after skipping to live (at most jitter_frames) is stepped at once, no more ...
     assert len(after) <= runner.jitter_frames + 1
-    later = [end for end, _ in steps if slow_ends[-1] + 0.1 < end <= slow_ends[-1] + 0.5]
-    assert len(later) <= 6  # ... then one step per frame: the missed ticks are not caught up
+    # (0.2 s on: on a loaded machine the backlog's steps, back to back, once ran past 0.1 s)
+    later = [end for end, _ in steps if slow_ends[-1] + 0.2 < end <= slow_ends[-1] + 0.6]
+    assert len(later) <= 6, [round(end - slow_ends[-1], 3) for end, _ in steps if end > slow_ends[-1]]
+    # ... then one step per frame: the missed ticks are not caught up
     assert stats.skipped_frames == handle.dropped_frames
     assert len(overrun_warnings(caplog)) == 1  # once, then at most once a minute
 
