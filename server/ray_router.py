@@ -90,7 +90,7 @@ class FewestSessionsRouter(FIFOMixin, RequestRouter):
         load = {}
         for replica, count in zip(candidate_replicas, counts, strict=True):
             own = self._of(replica.replica_id).count(now)
-            load[replica.replica_id] = (True, own) if count == float("inf") else (False, max(count, own))
+            load[replica.replica_id] = (True, own) if count is None else (False, max(count, own))
         ranked = sorted(candidate_replicas, key=lambda r: (*load[r.replica_id], random.random()))
         # counted at once (no await between here and the next ranking's reading of it): requests
         # ranked together see each other
@@ -117,13 +117,13 @@ class FewestSessionsRouter(FIFOMixin, RequestRouter):
     def _of(self, replica_id: ReplicaID) -> Placements:
         return self._placements.setdefault(replica_id, Placements(self.forget_s))
 
-    async def _ongoing(self, replica: RunningReplica) -> float:
-        """The replica's ongoing requests now; infinity when it cannot say in time."""
+    async def _ongoing(self, replica: RunningReplica) -> int | None:
+        """The replica's ongoing requests now; None when it cannot say in time."""
         try:
             return await asyncio.wait_for(replica.get_queue_len(deadline_s=self.probe_deadline_s),
                                           self.probe_deadline_s)
         except Exception:  # slow, restarting or gone: rank it last, Serve's own checks handle the rest
-            return float("inf")
+            return None
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop, call) -> object:
