@@ -56,19 +56,10 @@ NOT_THE_SESSIONS = [tracemalloc.Filter(False, module.__file__) for module in (li
     tracemalloc.Filter(False, logging.__file__.replace("__init__.py", "*"))]
 
 
-class _Records(logging.Handler):
-    """The log records of WARNING and above while it is attached, with the thread that logged each."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def lines(self) -> str:
-        return "\n".join(f"  {r.levelname} {r.name} [{r.threadName}]: {r.getMessage()}"
-                         f"{' (' + repr(r.exc_info[1]) + ')' if r.exc_info else ''}" for r in self.records[:10])
+def _lines(records: list[logging.LogRecord]) -> str:
+    """Log records as the failure message lists them, with the thread that logged each."""
+    return "\n".join(f"  {r.levelname} {r.name} [{r.threadName}]: {r.getMessage()}"
+                     f"{' (' + repr(r.exc_info[1]) + ')' if r.exc_info else ''}" for r in records[:10])
 
 
 def _script():
@@ -119,7 +110,7 @@ def _rings(frontend) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_conversation_fifteen_contexts_long_keeps_steering_with_flat_memory(runtime, tiny_copy):
+def test_a_conversation_fifteen_contexts_long_keeps_steering_with_flat_memory(runtime, tiny_copy, caplog):
     context = tiny_copy.lm.transformer.layers[0].self_attn.context
     assert 14 * context < SECONDS / FRAME_S and 11 * context < TURNS[-1][0] / FRAME_S
 
@@ -155,34 +146,35 @@ def test_a_conversation_fifteen_contexts_long_keeps_steering_with_flat_memory(ru
 
             reader = asyncio.ensure_future(read())
             tracemalloc.start()  # from the start: what is alive at both readings was traced at both
-            logging.getLogger().addHandler(records)
+            logged = len(caplog.records)
             try:
                 await speak()
                 heap["end"] = tracemalloc.take_snapshot()
             finally:
                 tracemalloc.stop()
-                logging.getLogger().removeHandler(records)
+                heap["logged"] = caplog.records[logged:]  # WARNING and above, while traced
             reader.cancel()
             frames = session.frames_in, session.frames_out, session.handle.dropped_frames
             same_rings = rings == _rings(tiny_copy)
         return got, heap, frames, same_rings
 
-    records = _Records()
+    caplog.set_level(logging.WARNING)
     # what earlier tests left for the collector goes now, with no loop running: an openai client dropped
     # unclosed makes a task of its close on whatever loop runs when it is collected, and this test's loop,
     # with a gc.collect() of its own, once got one (an ERROR logged on the main thread, its traceback)
     gc.collect()
     got, heap, (frames_in, frames_out, dropped), same_rings = asyncio.run(scenario())
     ours = {threading.main_thread().ident, runtime.runner._thread.ident}
-    assert not [r for r in records.records if r.levelno >= logging.ERROR and r.thread in ours], records.lines()
+    logged = heap["logged"]
+    assert not [r for r in logged if r.levelno >= logging.ERROR and r.thread in ours], _lines(logged)
     assert frames_in == frames_out == int(SECONDS / FRAME_S) and dropped == 0
     assert same_rings  # the KV rings were never reallocated: their memory is the slot's, fixed
     sites = heap["end"].filter_traces(NOT_THE_SESSIONS).compare_to(
         heap["start"].filter_traces(NOT_THE_SESSIONS), "lineno")
     growth = sum(site.size_diff for site in sites)
     top = "\n".join(f"{site.size_diff:+8d} B {site.count_diff:+5d} blocks  {site.traceback}" for site in sites[:8])
-    if records.records:
-        top += f"\nlogged while traced:\n{records.lines()}"
+    if logged:
+        top += f"\nlogged while traced:\n{_lines(logged)}"
     print(f"heap growth over the last {FRAMES_TRACED} frames: {growth} B\n{top}")
     assert growth < HEAP_GROWTH_LIMIT, f"the session's heap grew {growth} bytes in {FRAMES_TRACED} frames:\n{top}"
     grows = max(sites, key=lambda site: site.count_diff)
