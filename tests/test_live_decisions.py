@@ -12,6 +12,7 @@ import pytest
 from openai.types.decision import Decision
 
 from kame.backend.decide import Question, answer_of, decide
+from kame.commands import Configure
 from kame.session_events import AssistantText, Transcript
 from kame.testing.fakes import FakeLLM, FakeReply
 from server.live import actions as act
@@ -106,6 +107,143 @@ def test_decision_create_needs_questions():
     assert rig.error(type="decision.create", event_id="d1").code == "invalid_request"
 
 
+def test_a_new_decisions_model_moves_the_decisions_and_leaves_the_voice_to_the_client():
+    """Decisions delegation's model is the profile that answers the questions; the planner's LLM stays the
+    client's stand-in (its commentary is what the voice says), so a session.update of the model configures
+    no backend."""
+    rig = Rig()
+    rig.start(delegation=decisions())
+    rig.send(type="decision.create", event_id="d1")
+    assert rig.of(act.Decide)[-1].profile == "scripted"
+    rig.calls.clear()
+    rig.send(type="session.update", session={"delegation": {"type": "decisions", "decisions": {"model": "gpt-4.1"}}})
+    (updated,) = rig.events()
+    assert updated["session"]["delegation"]["decisions"]["model"] == "gpt-4.1"
+    assert rig.of(Configure) == []
+    rig.send(type="decision.create", event_id="d2")
+    assert rig.of(act.Decide)[-1].profile == "other"
+
+
+def test_a_decisions_model_no_profile_serves_is_named_in_the_info():
+    rig = Rig()
+    rig.start(delegation={"type": "decisions", "decisions": {"model": "gpt-5-nano", "questions": [PREDICATE]}})
+    (info,) = rig.rest
+    assert info["code"] == "delegation_model_substituted" and "'gpt-5-nano'" in info["message"]
+    rig.send(type="session.update", session={"delegation": {"type": "decisions", "decisions": {"questions": QUESTIONS}}})
+    assert rig.types() == ["session.updated"]  # the model did not change: no second info
+    rig.send(type="session.update", session={"delegation": {"type": "decisions", "decisions": {"model": "o9"}}})
+    updated, info = rig.events()
+    assert info["type"] == "info" and "'o9'" in info["message"]
+
+
+def test_only_words_on_the_output_transcript_fire_its_trigger():
+    rig = Rig()
+    rig.start(triggers=[trigger("session.output_transcript.delta")])
+    for frame, piece in enumerate([" ", "\n", " Par", "is"]):
+        rig.mapping.on_session(AssistantText(frame, piece), rig.now)
+    deltas = [e for e in rig.events() if e["type"] == "session.output_transcript.delta"]
+    assert len(deltas) == 4
+    assert [d.source_event_id for d in rig.of(act.Decide)] == [deltas[2]["event_id"], deltas[3]["event_id"]]
+
+
+def test_a_decision_that_ends_after_the_close_says_nothing():
+    rig = Rig()
+    rig.start(delegation=decisions())
+    rig.send(type="decision.create", event_id="d1")
+    (asked,) = rig.of(act.Decide)
+    rig.send(type="session.close", event_id="c1")
+    assert "session.closed" in rig.types()
+    rig.mapping.decided(asked, None, "cancelled")
+    assert rig.events() == []
+
+
+def test_json_and_refusal_parts_are_read_as_text():
+    rig = Rig()
+    rig.start(delegation=decisions())
+    rig.send(type="decision.item.create", item={"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "Caller data:"}, {"type": "input_json", "data": {"city": "Lyon"}}]})
+    rig.send(type="decision.item.create", item={"type": "message", "role": "assistant", "content": [
+        {"type": "refusal", "refusal": "I cannot share that."}]})
+    rig.send(type="decision.create", event_id="d1")
+    assert rig.of(act.Decide)[-1].inputs == ('user: Caller data: {"city": "Lyon"}',
+                                              "assistant: I cannot share that.")
+    question = Question.of({**PREDICATE, "instructions": [{"type": "input_text", "text": "Is the city"},
+                                                          {"type": "input_json", "data": ["Lyon", "Paris"]}]})
+    assert question.instructions == 'Is the city ["Lyon", "Paris"]'
+
+
+def test_an_evaluation_that_breaks_is_an_error_and_the_close_cancels_those_still_running():
+    """Through the adapter's carrier: an LLM client failing outside LLMError (a bug, an odd reply) ends its
+    decision in an error event, the session going on; a decision still being made when the carrier closes is
+    cancelled, and says nothing after."""
+    from types import SimpleNamespace
+
+    from openai.types.live import SessionConfig
+
+    from kame.clock import ManualClock
+    from kame.session import TandemSession
+    from server.live.adapter import LiveCarrier
+    from server.live.config import LiveFacts
+    from server.live.mapping import LiveMapping
+    from tests.mapping_rig import bare_runner, sent
+
+    asked = asyncio.Event()
+
+    class Broken:
+        structured_output = False
+
+        async def stream_chat(self, messages, **options):
+            raise RuntimeError("not an LLMError")
+            yield
+
+    class Hanging:
+        structured_output = False
+
+        async def stream_chat(self, messages, **options):
+            asked.set()
+            await asyncio.Event().wait()
+            yield
+
+    llms = {"scripted": Broken()}
+
+    class Tandem:
+        backend, conversation = "scripted", []
+        runtime = SimpleNamespace(llm=lambda profile: llms[profile], profile_named=lambda name: name,
+                                  profiles={"scripted": SimpleNamespace(model="scripted-model")})
+
+        def configure(self, backend=None, system_prompt=None):
+            pass
+
+        def use_llm(self, llm):
+            pass
+
+        apply = TandemSession.apply
+
+    async def go():
+        clock = ManualClock()
+        mapping = LiveMapping(LiveFacts("s1", {"scripted": "scripted-model"}, "scripted", "Be brief.", 1 << 20, 0))
+        runner = bare_runner(clock)
+        carrier = LiveCarrier(runner, Tandem(), mapping)
+        mapping.start(SessionConfig.model_validate({"model": "gpt-live-1", "delegation": decisions()}), clock.now())
+        carrier.carry_out()
+        await carrier.on_message(json.dumps({"type": "decision.create", "event_id": "d1"}))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        failed = sent(runner)
+        llms["scripted"] = Hanging()
+        await carrier.on_message(json.dumps({"type": "decision.create", "event_id": "d2"}))
+        await asyncio.wait_for(asked.wait(), 5)
+        await carrier.aclose()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return failed, sent(runner), carrier._tasks
+
+    failed, after, running = asyncio.run(go())
+    (error,) = [e for e in failed if e["type"] == "error"]
+    assert error["error"]["code"] == "decision_failed" and error["error"]["client_event_id"] == "d1"
+    assert [e for e in after if e["type"] in ("decision.event", "error")] == [] and not running
+
+
 # ---------------------------------------------------------------- the questions, answered
 
 
@@ -125,6 +263,13 @@ def test_answers_take_the_decision_apis_shape_and_bad_ones_are_refusals():
     assert score == {"type": "refusal", "name": "urgency"}  # not one of its levels
     asked = llm.calls[0][-1].content
     assert "user: will it rain?" in asked and "user: in Lyon" in asked and '"weather" = rain, sun' in asked
+
+
+@pytest.mark.parametrize("reply", ['{"answers": 5}', '{"answers": true}', '{"answers": {"0": true}}',
+                                   '{"answers": [{"index": true, "answer": true, "confidence": 1}]}'])
+def test_answers_of_the_wrong_shape_are_refusals(reply):
+    decision = asyncio.run(decide(FakeLLM([FakeReply((reply,))]), "m", [Question.of(PREDICATE)], [], []))
+    assert decision["answers"] == [{"type": "refusal", "name": "asks_capital"}]
 
 
 def test_a_score_and_typed_choice_values():

@@ -35,10 +35,10 @@ class Question:
 
     @classmethod
     def of(cls, question: dict) -> Question:
-        """From the Decision API's question (a dict as the SDK dumps it); text parts of the instructions only."""
+        """From the Decision API's question (a dict as the SDK dumps it); its instructions' parts as text."""
         kind, instructions = question["type"], question["instructions"]
         if not isinstance(instructions, str):
-            instructions = " ".join(part.get("text", "") for part in instructions if part.get("type") == "input_text")
+            instructions = parts_text(instructions)
         entries = question.get("choices") if kind == "choice" else question.get("levels") if kind == "score" else []
         key = "value" if kind == "choice" else "label"
         return cls(kind, instructions, question.get("name"), tuple(e[key] for e in entries or ()),
@@ -51,6 +51,23 @@ class Question:
             text += " Options: " + "; ".join(json.dumps(o) + (f" = {d}" if d else "")
                                             for o, d in zip(self.options, self.descriptions, strict=True))
         return text
+
+
+def parts_text(parts) -> str:
+    """A Decision message's or question's content parts as the text a model reads: text and refusals as they
+    are, JSON as JSON; an image only as a mention (the LLM profiles here read text)."""
+    out = []
+    for part in parts or ():
+        kind = part.get("type")
+        if kind in ("input_text", "output_text"):
+            out.append(part.get("text", ""))
+        elif kind == "refusal":
+            out.append(part.get("refusal", ""))
+        elif kind == "input_json":
+            out.append(json.dumps(part.get("data"), ensure_ascii=False))
+        elif kind == "input_image":
+            out.append("[an image, not shown]")
+    return " ".join(p for p in out if p)
 
 
 def messages(questions: list[Question], conversation: list[str], inputs: list[str]) -> list[ChatMessage]:
@@ -98,7 +115,10 @@ def _parse(text: str) -> dict[int, dict]:
         logger.info("a decision's answer is not JSON: %.120s", text)
         return {}
     answers = data.get("answers") if isinstance(data, dict) else None
-    return {a["index"]: a for a in answers or () if isinstance(a, dict) and isinstance(a.get("index"), int)}
+    if not isinstance(answers, list):
+        return {}
+    return {a["index"]: a for a in answers
+            if isinstance(a, dict) and isinstance(a.get("index"), int) and not isinstance(a["index"], bool)}
 
 
 def answer_of(question: Question, given: dict | None) -> dict:

@@ -48,6 +48,7 @@ class Decide:
     source_event_id: str | None = None
     source_event_type: str | None = None
     client_event_id: str | None = None
+    profile: str | None = None  # the backend profile that evaluates them (the session's: Decisions delegation's model)
 
 
 @dataclass(frozen=True)

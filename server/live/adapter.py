@@ -121,6 +121,8 @@ class LiveCarrier:
         raise Finished(*await self.finished)
 
     async def aclose(self) -> None:
+        for task in list(self._tasks):  # decisions still being made: nobody will hear them
+            task.cancel()
         for sideband in list(self.sidebands):
             sideband.end()
 
@@ -227,12 +229,16 @@ class LiveCarrier:
     async def _decide(self, action: act.Decide) -> None:
         """One evaluation of Decision questions with the session's backend profile (the mapping's `decided`
         sends it); a failure is an error event, never the session's end."""
-        runtime, profile = self.tandem.runtime, self.tandem.backend
+        runtime = self.tandem.runtime
         try:
+            profile = runtime.profile_named(action.profile) if action.profile is not None else self.tandem.backend
             decision = await decide(runtime.llm(profile), runtime.profiles[profile].model, list(action.questions),
                                     self.tandem.conversation, list(action.inputs))
         except LLMError as exc:
             self.mapping.decided(action, None, str(exc))
+        except Exception:  # our bug or the model's odd answer: an error event, the session goes on
+            logger.exception("session %s: a decision failed", self.mapping.facts.session_id)
+            self.mapping.decided(action, None, "its evaluation failed on the server")
         else:
             self.mapping.decided(action, decision)
         self.carry_out(finish=False)

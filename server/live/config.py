@@ -113,6 +113,11 @@ class LiveConfig:
             new = dataclasses.replace(new, decisions=decisions, backend=backend, substituted=substituted)
         return new
 
+    @property
+    def delegated_model(self) -> str | None:
+        """The model Responses or Decisions delegation names (None for client delegation, or none named)."""
+        return (self.responses or self.decisions).get("model")
+
     def with_instructions(self, text: str) -> LiveConfig:
         return dataclasses.replace(self, appended=(*self.appended, text))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import json
 
-from kame.backend.decide import Question
+from kame.backend.decide import Question, parts_text
 from server.live.actions import Decide
 from server.live.client_events import LiveError
 from server.live.delegation import new_id
@@ -28,17 +28,17 @@ class Decisions:
         """The Decision items as lines of text, oldest first."""
         return tuple(_line(item) for item in self._items.values())
 
-    def delegated(self, questions: tuple[Question, ...], delegation_id: str) -> None:
+    def delegated(self, questions: tuple[Question, ...], delegation_id: str, profile: str) -> None:
         if questions:
-            self.outbox.call(Decide(questions, self.inputs(), delegation_id=delegation_id))
+            self.outbox.call(Decide(questions, self.inputs(), delegation_id=delegation_id, profile=profile))
 
-    def transcript(self, questions: tuple[Question, ...], delta_event: dict) -> None:
+    def transcript(self, questions: tuple[Question, ...], delta_event: dict, profile: str) -> None:
         """A transcript delta went out: its trigger's questions, if any, are evaluated for it."""
         if questions:
-            self.outbox.call(Decide(questions, self.inputs(), trigger_id=new_id("trig"),
+            self.outbox.call(Decide(questions, self.inputs(), trigger_id=new_id("trig"), profile=profile,
                                     source_event_id=delta_event["event_id"], source_event_type=delta_event["type"]))
 
-    def create(self, questions: tuple[Question, ...], event_id: str) -> None:
+    def create(self, questions: tuple[Question, ...], event_id: str, profile: str) -> None:
         """`decision.create`: the delegation's questions, now (its event_id once per session)."""
         if not questions:
             raise LiveError("invalid_request", "decision.create evaluates Decisions delegation's questions; this "
@@ -49,7 +49,7 @@ class Decisions:
         self._used[event_id] = None
         while len(self._used) > MAX_EVENT_IDS:
             self._used.popitem(last=False)
-        self.outbox.call(Decide(questions, self.inputs(), client_event_id=event_id))
+        self.outbox.call(Decide(questions, self.inputs(), client_event_id=event_id, profile=profile))
 
     def item_create(self, item, event_id: str | None) -> None:
         stored = {**item.model_dump(exclude_none=True), "id": item.id or new_id("ditem")}
@@ -80,7 +80,7 @@ def _line(item: dict) -> str:
     kind = item.get("type") or "message"
     if kind == "message":
         content = item.get("content")
-        text = content if isinstance(content, str) else " ".join(p.get("text", "") for p in content or ())
+        text = content if isinstance(content, str) else parts_text(content)
         return f"{item.get('role', 'user')}: {text}"
     if kind.endswith("_output"):
         output = item.get("output")

@@ -136,7 +136,7 @@ class LiveMapping:
 
     def _substituted(self, config: LiveConfig) -> None:
         self.outbox.emit("info", code="delegation_model_substituted",
-                         message=f"No backend profile serves {config.responses.get('model')!r}; delegated "
+                         message=f"No backend profile serves {config.delegated_model!r}; delegated "
                                  f"work goes to the server's profile {config.substituted!r}.")
 
     def close(self, reason: str, now: float, event_id: str | None = None) -> None:
@@ -269,8 +269,10 @@ class LiveMapping:
                 self._gate.word(event.frame)
             self._active(now)
             start = round(event.frame * FRAME_S * 1000)
-            self._triggered(self.outbox.emit("session.output_transcript.delta", delta=event.text, start_ms=start,
-                                             end_ms=start + round(FRAME_S * 1000)))
+            sent = self.outbox.emit("session.output_transcript.delta", delta=event.text, start_ms=start,
+                                    end_ms=start + round(FRAME_S * 1000))
+            if event.text.strip():  # a space or a line break: no words to judge
+                self._triggered(sent)
         elif isinstance(event, Transcript):
             self._active(now)
             self._transcript(event, now)
@@ -298,11 +300,13 @@ class LiveMapping:
     def _triggered(self, delta_event: dict) -> None:
         """A transcript delta went out: the trigger on its type, if any, fires for it."""
         if self.config.triggers:
-            self.decisions.transcript(self.config.trigger_questions(delta_event["type"]), delta_event)
+            self.decisions.transcript(self.config.trigger_questions(delta_event["type"]), delta_event,
+                                      self.config.backend)
 
     def decided(self, action, decision: dict | None, error: str | None = None) -> None:
-        """A decision the carrier evaluated (`Decide`): its event, or an error."""
-        self.decisions.decided(action, decision, error)
+        """A decision the carrier evaluated (`Decide`): its event, or an error (nothing once the session closed)."""
+        if not self.closed:
+            self.decisions.decided(action, decision, error)
 
     def call_ended(self, call_id: str, outcome: str) -> None:
         """The backend stopped waiting for a client function call (`ResponsesEvents.call_ended`)."""
@@ -314,7 +318,7 @@ class LiveMapping:
         session's delegation type by default); Decisions delegation's questions are evaluated for it."""
         target = target or self.config.delegation
         if target == "decisions":
-            self.decisions.delegated(self.config.questions(), delegation_id)
+            self.decisions.delegated(self.config.questions(), delegation_id, self.config.backend)
         if target in CLIENT_WORDS and self.config.acknowledgement_delay_ms > 0:
             # on the session's clock (the audio heard, fed silence included: it follows the time)
             self._acks[delegation_id] = self._clock() + self.config.acknowledgement_delay_ms / 1000
@@ -378,7 +382,7 @@ class LiveMapping:
             case "response.create":
                 self.responses.response_create(self.config)
             case "decision.create":
-                self.decisions.create(self.config.questions(), event_id)
+                self.decisions.create(self.config.questions(), event_id, self.config.backend)
             case "decision.item.create":
                 self.decisions.item_create(event.item, event_id)
             case "decision.item.delete":
@@ -389,12 +393,15 @@ class LiveMapping:
     def _update(self, update, event_id: str | None) -> None:
         old = self.config
         self.config = old.updated(update, self.facts)
-        if (self.config.backend, self.config.responses) != (old.backend, old.responses):
+        if self.config.delegation not in CLIENT_WORDS and (
+                (self.config.backend, self.config.responses) != (old.backend, old.responses)):
+            # (client and Decisions delegation: the planner's LLM stays the client's stand-in; Decisions'
+            # model is the profile its `Decide`s name)
             self.outbox.call(Configure(self.config.backend, self.config.system_prompt(self.facts)))
         if (self.config.tools, self.config.tool_choice) != (old.tools, old.tool_choice):
             self.outbox.call(ClientTools(self.config.tools, self.config.tool_choice))
         self.outbox.emit("session.updated", client_event_id=event_id, session=self.config.resource(self.facts))
-        if self.config.substituted and self.config.responses != old.responses:
+        if self.config.substituted and self.config.delegated_model != old.delegated_model:
             self._substituted(self.config)
 
     def _context(self, kind: str, content: str, delegation_id: str | None, event_id: str | None) -> None:
