@@ -129,7 +129,8 @@ def test_a_decisions_model_no_profile_serves_is_named_in_the_info():
     rig.start(delegation={"type": "decisions", "decisions": {"model": "gpt-5-nano", "questions": [PREDICATE]}})
     (info,) = rig.rest
     assert info["code"] == "delegation_model_substituted" and "'gpt-5-nano'" in info["message"]
-    rig.send(type="session.update", session={"delegation": {"type": "decisions", "decisions": {"questions": QUESTIONS}}})
+    rig.send(type="session.update",
+             session={"delegation": {"type": "decisions", "decisions": {"questions": QUESTIONS}}})
     assert rig.types() == ["session.updated"]  # the model did not change: no second info
     rig.send(type="session.update", session={"delegation": {"type": "decisions", "decisions": {"model": "o9"}}})
     updated, info = rig.events()
