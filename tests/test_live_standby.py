@@ -78,6 +78,23 @@ def test_an_idle_session_pauses_stops_pushing_and_wakes_with_what_it_kept():
     assert usage["paused_seconds"] == int(rig.now - paused_at - 0.9)  # woken 0.9 s (talk + 0.5) before the close
 
 
+def test_the_clock_stays_on_time_across_pauses_and_wakes():
+    """The audio kept while paused counts once, as heard (not also as paused time): after three pauses and
+    wakes the session's clock is still the wall clock, and a stalled track gets silence after 0.3 s."""
+    rig = webrtc_rig(idle_timeout_s=2)
+    for _ in range(3):
+        talk(rig, 30)  # paused at 2 s
+        assert rig.mapping.paused
+        talk(rig, 20)
+        rig.mapping.wake(rig.now)
+        talk(rig, 1)
+    assert abs(rig.mapping._clock() - rig.now) < 0.08
+    pushed(rig)
+    for _ in range(12):  # the track stalls ~1 s
+        rig.time(0.08)
+    assert pushed(rig) >= 0.6 * 24000
+
+
 def test_words_either_way_and_client_events_keep_it_active():
     rig = webrtc_rig(idle_timeout_s=2)
     talk(rig, 20)

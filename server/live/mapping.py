@@ -173,7 +173,8 @@ class LiveMapping:
         if not self.paused or self.closed:
             return
         paused_for, kept = self.standby.resume(now)
-        self._paused_total += paused_for
+        # the audio kept was heard while paused: pushed now, it counts as heard, not as paused time
+        self._paused_total += max(0.0, paused_for - len(kept) / SAMPLE_RATE)
         self.outbox.emit("session.resumed")
         if len(kept):
             self._push(kept)
