@@ -51,13 +51,20 @@ class AccessControl:
         return refusal
 
     def check(self, ws: HTTPConnection) -> Refusal | None:
+        """Whether a session may open: `credentials`, then the address's sessions under its limit."""
+        if (refusal := self.credentials(ws)) is not None:
+            return refusal
+        if self.connections[_ip(ws)] >= self._per_ip:
+            return self._too_many()
+        return None
+
+    def credentials(self, ws: HTTPConnection) -> Refusal | None:
+        """The token and the origin, for what opens no session (a recording's download, a sideband)."""
         if self._tokens and not self._token_ok(ws):
             return Refusal(401, 1008, "a valid token is required (Authorization: Bearer TOKEN, or ?token=TOKEN)")
         origin = ws.headers.get("origin")
         if origin is not None and not self._origin_ok(origin, ws.headers.get("host", "")):
             return Refusal(403, 1008, f"origin {origin} is not allowed")
-        if self.connections[_ip(ws)] >= self._per_ip:
-            return self._too_many()
         return None
 
     def _too_many(self) -> Refusal:

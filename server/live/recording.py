@@ -23,9 +23,12 @@ SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what this server's session id
 
 
 async def download(request: Request, session_id: str, record_dir: Path | None, access: AccessControl) -> Response:
-    if (refusal := access.check(request)) is not None or not access.trusted(request):
+    # a download opens no session: the address's session limit is not this request's business
+    if (refusal := access.credentials(request)) is not None or not access.trusted(request):
         reason = refusal.reason if refusal else "a recording needs the server's token, not a client secret"
-        return error_response(refusal.status if refusal else 401, "invalid_request_error", "invalid_api_key", reason)
+        status = refusal.status if refusal else 401
+        code = "origin_not_allowed" if status == 403 else "invalid_api_key"
+        return error_response(status, "invalid_request_error", code, reason)
     if record_dir is None:
         return error_response(404, "invalid_request_error", "recording_disabled", "This server does not record "
                               "sessions (kame serve --record DIR turns it on).")

@@ -47,7 +47,7 @@ def find(sessions: set, session_id: str) -> SessionRunner | None:
 
 async def attach(ws: WebSocket, session_id: str, sessions: set, access: AccessControl, capacity: int) -> None:
     """Serve one sideband connection until it or the session ends."""
-    refusal = access.check(ws)
+    refusal = access.credentials(ws)  # a sideband watches a session; it opens none
     if refusal is None and not access.trusted(ws):  # a browser's client secret does not watch others
         refusal = Refusal(401, 1008, "a sideband needs the server's token, not a client secret")
     live = find(sessions, session_id) if refusal is None else None

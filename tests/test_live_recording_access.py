@@ -1,0 +1,46 @@
+"""Who may download a recording (`GET /v1/live/sessions/{id}/content`), in process: the server's token, from
+an allowed origin, whatever number of sessions the caller's address has open (a backend running sessions
+fetches their recordings); a client secret or no token is 401, another origin 403."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import numpy as np
+import soundfile
+from pydantic import SecretStr
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.routing import Route
+from starlette.testclient import TestClient
+
+from server.access import AccessControl
+from server.live import recording
+
+URL = "/v1/live/sessions/sess_1/content"
+
+
+def test_the_servers_token_downloads_whatever_sessions_its_address_has_open(tmp_path):
+    settings = types.SimpleNamespace(auth_tokens=[SecretStr("tok")], allowed_origins=[], max_connections_per_ip=2)
+    access = AccessControl(settings)
+    folder = tmp_path / "sess_1"
+    folder.mkdir()
+    for name in ("input.wav", "output.wav"):
+        soundfile.write(folder / name, np.zeros(2400, np.float32), 24000, subtype="PCM_16")
+    (folder / "events.jsonl").write_text("\n".join(json.dumps(e) for e in ({"type": "session"}, {"type": "end"})))
+
+    async def route(request):
+        return await recording.download(request, request.path_params["session_id"], tmp_path, access)
+
+    client = TestClient(Starlette(routes=[Route("/v1/live/sessions/{session_id}/content", route)]))
+    token = {"Authorization": "Bearer tok"}
+    access.connections["testclient"] = 2  # this address's two sessions: no place for a third
+    scope = {"type": "http", "method": "GET", "path": URL, "query_string": b"", "client": ("testclient", 50000),
+             "headers": [(b"authorization", b"Bearer tok")]}
+    assert access.check(Request(scope)).status == 429  # a session would not open
+    reply = client.get(URL, headers=token)
+    assert reply.status_code == 200 and reply.headers["content-type"] == "audio/wav"
+    assert client.get(URL).status_code == 401
+    foreign = client.get(URL, headers={**token, "Origin": "https://elsewhere.example"})
+    assert foreign.status_code == 403 and foreign.json()["error"]["code"] == "origin_not_allowed"
