@@ -95,6 +95,33 @@ def test_the_clock_stays_on_time_across_pauses_and_wakes():
     assert pushed(rig) >= 0.6 * 24000
 
 
+def test_what_a_sideband_reflects_is_the_audio_as_it_came_muted_or_paused():
+    """`Heard` (a sideband's session.input_audio.append) is the user's audio before muting and while paused;
+    what the session gets is zeros while muted and nothing while paused; fed silence is not heard."""
+    from server.live.actions import Heard
+
+    rig = webrtc_rig(idle_timeout_s=2)
+    rig.send(type="session.input_audio.mute")
+    talk(rig, 1)
+    (heard,) = rig.of(Heard)
+    assert np.array_equal(heard.pcm, FRAME_PCM)
+    (muted,) = rig.of(PushAudio)
+    assert len(muted.pcm) == len(FRAME_PCM) and not muted.pcm.any()
+    rig.send(type="session.input_audio.unmute")
+    talk(rig, 29)  # paused at 2 s
+    assert rig.mapping.paused
+    rig.of(Heard)
+    rig.calls.clear()
+    talk(rig, 3)
+    assert len(rig.of(Heard)) == 3 and rig.of(PushAudio) == []
+    rig.mapping.wake(rig.now)
+    rig.of(Heard)
+    rig.calls.clear()
+    for _ in range(12):  # the track stalls: silence is fed, and not heard
+        rig.time(0.08)
+    assert rig.of(PushAudio) and rig.of(Heard) == []
+
+
 def test_words_either_way_and_client_events_keep_it_active():
     rig = webrtc_rig(idle_timeout_s=2)
     talk(rig, 20)

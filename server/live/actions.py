@@ -60,6 +60,14 @@ class Play:
 
 
 @dataclass(frozen=True)
+class Heard:
+    """The user's audio as it came (float32 at 24 kHz), before muting and whether or not the session is paused:
+    what a sideband's `session.input_audio.append` reflects."""
+
+    pcm: np.ndarray
+
+
+@dataclass(frozen=True)
 class Finish:
     """The session ends normally (after session.closed): close the connection with `code`."""
 
@@ -68,4 +76,4 @@ class Finish:
 
 
 Action = (Send | SessionCommand | Delegate | Commentary | ClientTools | AnswerCall | Decide | Play
-          | Finish)
+          | Heard | Finish)

@@ -25,7 +25,7 @@ from kame.audio import FRAME_S
 from kame.backend.decide import decide
 from kame.backend.llm import LLMError
 from kame.clock import wait_for
-from kame.commands import SESSION_COMMANDS, PushAudio, RequestAttempt, UseLLM
+from kame.commands import SESSION_COMMANDS, RequestAttempt, UseLLM
 from kame.pcm import pcm16_encode
 from kame.protocol import ProtocolError
 from kame.session import TandemSession
@@ -177,8 +177,9 @@ class LiveCarrier:
                     self.send_event(event, droppable)
                 case command if isinstance(command, SESSION_COMMANDS):
                     tandem.apply(command)
-                    if isinstance(command, PushAudio) and self.sidebands:  # the user's audio, reflected
-                        self._reflect({"type": "session.input_audio.append", "audio": _pcm16(command.pcm)}, True)
+                case act.Heard(pcm=pcm):
+                    if self.sidebands:  # the user's audio as it came: before muting, paused or not (no fed silence)
+                        self._reflect({"type": "session.input_audio.append", "audio": _pcm16(pcm)}, True)
                 case act.Delegate():
                     self.backend = ClientBackend(self.clock, self._delegated)
                     tandem.apply(UseLLM(self.backend))

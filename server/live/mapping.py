@@ -37,6 +37,7 @@ from server.live.actions import (
     Commentary,
     Delegate,
     Finish,
+    Heard,
     Play,
 )
 from server.live.client_events import LiveError
@@ -229,6 +230,7 @@ class LiveMapping:
         """The user's audio, float32 at 24 kHz (decoded from an append, or from the media track)."""
         if not self.started or self.closed or not len(pcm):
             return
+        self.outbox.call(Heard(pcm))
         if self.paused:
             self.standby.hear(pcm)
             return
