@@ -245,6 +245,27 @@ def test_an_evaluation_that_breaks_is_an_error_and_the_close_cancels_those_still
     assert [e for e in after if e["type"] in ("decision.event", "error")] == [] and not running
 
 
+@pytest.mark.parametrize(("event", "code", "param"), [
+    ({"type": "session.start", "session": {"model": "gpt-live-1", "delegation": {
+        "type": "decisions", "decisions": {"model": "scripted", "questions": [{"type": "predicate"}]}}}},
+     "missing_required_parameter", "session.delegation.decisions.questions[0].instructions"),
+    ({"type": "session.start", "session": {"model": "gpt-live-1", "delegation": {
+        "type": "decisions", "decisions": {"questions": [{**CHOICE, "choices": [{"value": [1]}]}]}}}},
+     "invalid_value", "session.delegation.decisions.questions[0].choices[0].value"),
+    ({"type": "decision.item.create", "item": {"type": "function_call", "name": "f"}},
+     "missing_required_parameter", "item.arguments"),
+    ({"type": "decision.item.create", "item": {"role": "user", "content": [5]}}, "invalid_value", "item.content[0]"),
+])
+def test_a_bad_question_or_item_is_named_where_it_is_wrong(event, code, param):
+    """The error names the member the client's own `type` (or a message's `role`) picked, not the first
+    member of the union that pydantic tried."""
+    rig = Rig()
+    if event["type"] != "session.start":
+        rig.start(delegation=decisions())
+    err = rig.error(**event)
+    assert (err.code, err.param) == (code, param)
+
+
 # ---------------------------------------------------------------- the questions, answered
 
 

@@ -103,8 +103,8 @@ def parse(text: str | None, limit_bytes: int) -> tuple[BaseModel, str | None]:
 
 
 def invalid(exc: ValidationError, event_id: str | None = None, prefix: str = "") -> LiveError:
-    """pydantic's first complaint as the protocol's error, naming the parameter at fault."""
-    error = exc.errors(include_url=False)[0]
+    """pydantic's complaint as the protocol's error, naming the parameter at fault (`_telling`)."""
+    error = _telling(exc.errors(include_url=False))
     parts = [p for p in error["loc"] if not _is_step(p)]
     param = prefix + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".")
     param = param.lstrip(".") or None
@@ -114,7 +114,19 @@ def invalid(exc: ValidationError, event_id: str | None = None, prefix: str = "")
     return LiveError("invalid_value", f"Invalid value for '{param}': {message}.", param, event_id)
 
 
+def _telling(errors: list[dict]) -> dict:
+    """Of pydantic's complaints, one about what the client meant: those under a union member that the
+    input's own tag rules out (a `type`, or a message's `role`, that is not the member's) are left aside,
+    and of the rest the deepest is the most precise. Without this, a Decisions question missing its
+    instructions was reported as `session.delegation.type` not being 'client'."""
+    ruled_out = {tuple(e["loc"][:-1]) for e in errors
+                 if e["type"] == "literal_error" and len(e["loc"]) > 1 and e["loc"][-1] in ("type", "role")
+                 and _is_step(e["loc"][-2])}
+    kept = [e for e in errors if not any(tuple(e["loc"][:len(member)]) == member for member in ruled_out)]
+    return max(kept, key=lambda e: len(e["loc"])) if kept else errors[0]
+
+
 def _is_step(part: object) -> bool:
     """pydantic's own steps in a location (a union member's name, `literal[...]`), not fields."""
-    return isinstance(part, str) and (part[:1].isupper() or part.startswith(("literal[", "function-", "lax-",
-                                                                            "strict-", "tagged-union[")))
+    return isinstance(part, str) and (part[:1].isupper() or part in ("str", "int", "float", "bool") or part.startswith(
+        ("literal[", "function-", "lax-", "strict-", "tagged-union[", "list[", "dict[")))
