@@ -137,14 +137,27 @@ def test_a_decisions_model_no_profile_serves_is_named_in_the_info():
     assert info["type"] == "info" and "'o9'" in info["message"]
 
 
-def test_only_words_on_the_output_transcript_fire_its_trigger():
+def test_a_trigger_judges_words_one_evaluation_at_a_time_the_newest_next():
+    """Output deltas of only spaces or line breaks judge nothing; deltas that come while the trigger's
+    evaluation runs wait, and when it ends the newest of them is evaluated (one LLM call at a time, not one
+    per sub-word piece)."""
     rig = Rig()
     rig.start(triggers=[trigger("session.output_transcript.delta")])
-    for frame, piece in enumerate([" ", "\n", " Par", "is"]):
+    for frame, piece in enumerate([" ", "\n", " Par", "is", " is", " the"]):
         rig.mapping.on_session(AssistantText(frame, piece), rig.now)
     deltas = [e for e in rig.events() if e["type"] == "session.output_transcript.delta"]
-    assert len(deltas) == 4
-    assert [d.source_event_id for d in rig.of(act.Decide)] == [deltas[2]["event_id"], deltas[3]["event_id"]]
+    assert len(deltas) == 6
+    (first,) = rig.of(act.Decide)
+    assert first.source_event_id == deltas[2]["event_id"]
+    rig.mapping.decided(first, None, "down")
+    assert rig.types() == ["error"]
+    first, second = rig.of(act.Decide)
+    assert second.source_event_id == deltas[5]["event_id"] and second.trigger_id != first.trigger_id
+    rig.mapping.on_session(AssistantText(6, " of"), rig.now)  # waits for the second
+    rig.send(type="session.update", session={"triggers": []})
+    rig.mapping.on_session(AssistantText(7, " capital"), rig.now)
+    rig.mapping.decided(second, None, "down")
+    assert len(rig.of(act.Decide)) == 2  # the triggers are gone: what waited for them is not evaluated
 
 
 def test_a_decision_that_ends_after_the_close_says_nothing():

@@ -23,6 +23,8 @@ class Decisions:
         self.outbox = outbox
         self._items: collections.OrderedDict[str, dict] = collections.OrderedDict()  # by id, as created
         self._used: collections.OrderedDict[str, None] = collections.OrderedDict()  # decision.create event ids
+        # a trigger's evaluation running, by transcript event type: the newest delta that came meanwhile, if any
+        self._triggered: dict[str, tuple[tuple[Question, ...], dict, str] | None] = {}
 
     def inputs(self) -> tuple[str, ...]:
         """The Decision items as lines of text, oldest first."""
@@ -33,10 +35,23 @@ class Decisions:
             self.outbox.call(Decide(questions, self.inputs(), delegation_id=delegation_id, profile=profile))
 
     def transcript(self, questions: tuple[Question, ...], delta_event: dict, profile: str) -> None:
-        """A transcript delta went out: its trigger's questions, if any, are evaluated for it."""
-        if questions:
-            self.outbox.call(Decide(questions, self.inputs(), trigger_id=new_id("trig"), profile=profile,
-                                    source_event_id=delta_event["event_id"], source_event_type=delta_event["type"]))
+        """A transcript delta went out: its trigger's questions, if any, are evaluated for it. One evaluation
+        a trigger at a time (deltas come several a second, each an LLM call): those that come while one runs
+        wait, and once it ends the newest of them is evaluated."""
+        if not questions:
+            return
+        kind = delta_event["type"]
+        if kind in self._triggered:
+            self._triggered[kind] = (questions, delta_event, profile)
+            return
+        self._triggered[kind] = None
+        self.outbox.call(Decide(questions, self.inputs(), trigger_id=new_id("trig"), profile=profile,
+                                source_event_id=delta_event["event_id"], source_event_type=kind))
+
+    def triggers_changed(self) -> None:
+        """`session.update` replaced the triggers: deltas waiting for the old ones are not evaluated."""
+        for kind in self._triggered:
+            self._triggered[kind] = None
 
     def create(self, questions: tuple[Question, ...], event_id: str, profile: str) -> None:
         """`decision.create`: the delegation's questions, now (its event_id once per session)."""
@@ -64,15 +79,20 @@ class Decisions:
         self.outbox.emit("decision.item.deleted", client_event_id=event_id, item_id=item_id)
 
     def decided(self, action: Decide, decision: dict | None, error: str | None = None) -> None:
-        """An evaluation ended: its `decision.event`, or an error (the session goes on)."""
+        """An evaluation ended: its `decision.event`, or an error (the session goes on); then a trigger's next."""
+        waiting = None
+        if action.trigger_id is not None and action.source_event_type in self._triggered:
+            waiting = self._triggered.pop(action.source_event_type)
         if decision is None:
             self.outbox.error(LiveError("decision_failed", f"The decision could not be made: {error}.",
                                         client_event_id=action.client_event_id, kind="server_error"))
-            return
-        self.outbox.emit("decision.event", client_event_id=action.client_event_id,
-                         delegation_id=action.delegation_id, trigger_id=action.trigger_id,
-                         source_event_id=action.source_event_id, source_event_type=action.source_event_type,
-                         event={"type": "decision.completed", "decision": decision})
+        else:
+            self.outbox.emit("decision.event", client_event_id=action.client_event_id,
+                             delegation_id=action.delegation_id, trigger_id=action.trigger_id,
+                             source_event_id=action.source_event_id, source_event_type=action.source_event_type,
+                             event={"type": "decision.completed", "decision": decision})
+        if waiting is not None:
+            self.transcript(*waiting)
 
 
 def _line(item: dict) -> str:

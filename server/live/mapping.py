@@ -401,6 +401,8 @@ class LiveMapping:
             # (client and Decisions delegation: the planner's LLM stays the client's stand-in; Decisions'
             # model is the profile its `Decide`s name)
             self.outbox.call(Configure(self.config.backend, self.config.system_prompt(self.facts)))
+        if self.config.triggers != old.triggers:
+            self.decisions.triggers_changed()
         if (self.config.tools, self.config.tool_choice) != (old.tools, old.tool_choice):
             self.outbox.call(ClientTools(self.config.tools, self.config.tool_choice))
         self.outbox.emit("session.updated", client_event_id=event_id, session=self.config.resource(self.facts))
