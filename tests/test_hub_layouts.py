@@ -449,3 +449,39 @@ def test_inspection_catches_what_loading_would_refuse(layouts, tmp_path):
     (broken / "tokenizer.model").write_bytes(b"not a model")
     with pytest.raises(FrontendLoadError, match="cannot load the SentencePiece tokenizer"):
         inspect_source(str(broken))
+
+
+def test_a_pause_in_the_words_settles_them_before_the_end_of_turn(stt_layouts):
+    """Kyutai's STT only ever extends its partial: five frames without text (0.4 s) after a word are a pause,
+    said once as a settled partial (GPT-Live and Realtime send a partial's newest word only then or at the
+    final, which waits for the end-of-turn decision), and the words go on after it."""
+    from types import SimpleNamespace
+
+    import sentencepiece
+
+    from kame.asr.kyutai_stt import SETTLE_FRAMES, KyutaiSttStream, SttFrame
+
+    tokenizer = sentencepiece.SentencePieceProcessor(model_file=str(hub.TOKENIZER))
+    hello, won = tokenizer.encode(" hello"), tokenizer.encode(" won")
+
+    class Runner:
+        async def acquire_async(self, on_output, on_error):
+            return SimpleNamespace(push_frame=lambda frame: None, release=lambda: None, dropped_frames=0)
+
+    asr = SimpleNamespace(options=SttOptions(), model=SimpleNamespace(tokenizer=tokenizer), prefix_frames=13,
+                          delay_s=0.5, runner=Runner())
+    frames = ([(t, 0.0) for t in hello] + [(None, 0.0)] * (SETTLE_FRAMES + 3) + [(t, 0.0) for t in won]
+              + [(None, 0.0)] * (SETTLE_FRAMES - 1) + [(None, 1.0)])
+
+    async def scenario():
+        stream = KyutaiSttStream(asr)
+        for index, (token, end) in enumerate(frames):
+            stream._on_output(SttFrame(0, 20 + index, token, end))
+        await stream.aclose()
+        return [event async for event in stream]
+
+    events = asyncio.run(scenario())
+    settled = [(e.text, e.end_s) for e in events if getattr(e, "settled", False)]
+    assert [text for text, _ in settled] == ["hello"]  # once, not for the pause that the final ended
+    finals = [e.text for e in events if isinstance(e, FinalTranscript)]
+    assert finals == ["hello won"]

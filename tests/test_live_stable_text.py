@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.live.stable_text import Keepalive, StableWords
+from server.stable_text import Keepalive, StableWords
 
 
 def test_a_word_goes_out_once_two_partials_agree_and_it_is_not_among_the_newest():
@@ -104,3 +104,14 @@ def test_the_keepalive_is_due_while_the_turn_is_open_and_words_came_lately():
     assert keep.fire(12.25, False) is False  # the final came meanwhile: no space
     keep.sent(13.0, words=True, open_turn=False)  # a final with words
     assert keep.due() == ()
+
+
+def test_a_final_with_more_or_fewer_words_than_those_sent_sends_none_twice():
+    """Whisper's final decodes the whole utterance again: its words are aligned with those sent, and only
+    those after them go out (by count, "France?" would have gone out twice)."""
+    words = StableWords(hold=1)
+    assert words.partial("So what's the", settled=True) == "So what's the"
+    assert words.final("So what is the capital of France?") == " capital of France?"
+    assert words.partial("what is the capital", settled=True) == " what is the capital"
+    assert words.final("What's the capital of Spain?") == " of Spain?"
+

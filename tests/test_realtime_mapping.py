@@ -10,6 +10,7 @@ import base64
 import contextlib
 import json
 import random
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -601,3 +602,31 @@ def test_a_pause_without_a_final_keeps_the_users_turn_open():
     assert types(events).count("input_audio_buffer.committed") == 1
     done = next(e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
     assert done["transcript"] == "How many legs does a spider have?"
+
+
+def test_transcription_deltas_add_up_to_the_words_when_partials_revise_their_end():
+    """Whisper's partials end in punctuation that the next one changes ("What's the..." then "What's the
+    weather..."): the deltas are the words that will not change, a settled partial (a pause) sends the rest,
+    and joined they are the transcript's words, none twice (they went out as prefixes of the partial text,
+    which glued "Cap." to "rance" and, partial after partial, sent nothing for seconds)."""
+    rig = Rig()
+    for text in ["What's the...", "What's the weather...", "What's the weather going to be?",
+                 "What's the weather going to be like in Boston?"]:
+        rig.hear(text, final=False)
+    early = "".join(e["delta"] for e in rig.events()
+                    if e["type"] == "conversation.item.input_audio_transcription.delta")
+    assert early == "What's the weather going to be"
+    rig.mapping.on_session(Transcript(False, "What's the weather going to be like in Boston?", 1.0, 2.0, 0.1,
+                                      settled=True), rig.now)
+    settled = "".join(e["delta"] for e in rig.events())
+    assert settled == " like in Boston?"
+    rig.hear("What's the weather going to be like in Boston tomorrow afternoon?", final=True)
+    events = rig.events()
+    tail = "".join(e["delta"] for e in events if e["type"] == "conversation.item.input_audio_transcription.delta")
+    (completed,) = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]
+
+    def plain(text: str) -> list[str]:  # a word sent before the final may keep the partial's punctuation
+        return [re.sub(r"[^\w']", "", w.lower()) for w in text.split()]
+
+    assert tail == " tomorrow afternoon?"  # no word twice
+    assert plain(early + settled + tail) == plain(completed["transcript"])

@@ -12,7 +12,7 @@ import numpy as np
 from kame.asr import FinalTranscript, PartialTranscript, build_asr
 from kame.asr.transcribe import transcribe_pcm
 from kame.testing.speech import speech
-from server.live.stable_text import Keepalive, StableWords
+from server.stable_text import Keepalive, StableWords
 
 from .conftest import words
 

@@ -41,6 +41,8 @@ from kame.frontend.rows import SlotRows, row_views
 from kame.frontend.runner import EngineRunner
 from kame.queues import post
 
+SETTLE_FRAMES = 5  # frames without text (0.4 s) after a word: a pause, and its words settled (stable_text.py)
+
 logger = logging.getLogger(__name__)
 
 
@@ -266,6 +268,7 @@ class KyutaiSttStream:
         self._pending = np.zeros(0, dtype=np.float32)
         self._handle = None
         self._words: list[str] = []
+        self._quiet = 0  # frames without text since the utterance's last piece
         self._pieces = PieceDecoder(asr.model.tokenizer)
         self._utterance_start: float | None = None
         self._frames_out = 0
@@ -337,9 +340,15 @@ class KyutaiSttStream:
         now = self._audio_time(out.frame + 1)
         try:
             if out.text_token is not None:
+                self._quiet = 0
                 self._word_piece(out, now)
             elif self._words and out.end_of_turn >= self.asr.options.eot_threshold:
                 self._final(now)  # on a frame without text: a word's pieces come on frames in a row
+            elif self._words:
+                self._quiet += 1
+                if self._quiet == SETTLE_FRAMES:  # a pause, though the turn may go on: its words are said
+                    self._events.put_nowait(PartialTranscript(" ".join(self._words).strip(), self._utterance_start,
+                                                              now, settled=True))
         finally:  # a flush waits for this frame whatever became of it
             if self._flushed is not None and self._frames_out >= self._flush_until:
                 self._flushed.set()

@@ -46,8 +46,8 @@ from server.live.decisions import Decisions
 from server.live.outbox import LiveOutbox
 from server.live.responses import ResponsesEvents
 from server.live.silence import SilenceGate
-from server.live.stable_text import Keepalive, StableWords
 from server.live.standby import DEFAULT_VAD_THRESHOLD, Standby
+from server.stable_text import Keepalive, StableWords
 
 logger = logging.getLogger(__name__)
 

@@ -4,10 +4,11 @@ user's side of it: the ASR's transcripts as user turns."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kame.session_events import Transcript
 from server.realtime.outbox import Outbox, new_id
+from server.stable_text import StableWords
 
 MAX_ITEMS = 200  # conversation items kept for retrieve and truncate
 
@@ -52,6 +53,7 @@ class UserItem:
     id: str
     start_ms: int
     heard: str = ""  # the partial transcript so far
+    words: StableWords = field(default_factory=StableWords)  # its transcription deltas: words that will not change
     committed: bool = False  # the client committed it (turn_detection null): an item once its final comes
     done: bool = False  # its item was sent
 
@@ -67,7 +69,10 @@ class UserTurns:
         self.settling: dict[str, tuple[UserItem, float | None]] = {}  # committed in progress: (item, deadline)
 
     def heard(self, event: Transcript, detecting: bool, transcribing: bool) -> UserItem | None:
-        """A transcript; returns the utterance it started, if it started one."""
+        """A transcript; returns the utterance it started, if it started one. Its transcription deltas are the
+        words the ASR will not revise (`StableWords`), so that they add up to the transcript: a partial may
+        change its last words or punctuation ("What's the..." then "What's the weather"), which a delta
+        cannot take back."""
         started = None
         if self.current is None:
             started = self.current = UserItem(new_id("item"), int(event.start_s * 1000))
@@ -76,13 +81,10 @@ class UserTurns:
                                  item_id=started.id)
         user = self.current
         if not event.final:
-            if transcribing and event.text.startswith(user.heard):
-                delta = event.text[len(user.heard):]
-                if delta:
-                    self.outbox.emit("conversation.item.input_audio_transcription.delta", item_id=user.id,
-                                     content_index=0, delta=delta)
+            self._delta(user, user.words.partial(event.text, event.settled), transcribing)
             user.heard = event.text
             return started
+        self._delta(user, user.words.final(event.text), transcribing)
         self.current = None
         if detecting:
             self.outbox.emit("input_audio_buffer.speech_stopped", audio_end_ms=int(event.end_s * 1000),
@@ -93,6 +95,11 @@ class UserTurns:
         else:
             self.uncommitted.append((user, event))  # the client commits by hand (input_audio_buffer.commit)
         return started
+
+    def _delta(self, user: UserItem, delta: str, transcribing: bool) -> None:
+        if delta and transcribing:
+            self.outbox.emit("conversation.item.input_audio_transcription.delta", item_id=user.id, content_index=0,
+                             delta=delta)
 
     def commit_uncommitted(self, transcribing: bool) -> None:
         held, self.uncommitted = self.uncommitted, []

@@ -3,11 +3,13 @@ has no "done" event and no way to take a word back), from an ASR whose partials 
 their last words.
 
 A word is sent once two partials in a row agree on it and it is not among the newest `hold` words
-of the latest one; a settled partial (the speech paused) or a final sends the rest. Words already
-sent stay sent: when a later partial revises one of them anyway, the deltas go on from the same word
-count, so the client's text is the words as first sent followed by the newer ones (a revision this
-deep is rare: with `hold` words held back, only an ASR that rewrites more than that many words of
-its past does it).
+of the latest one; a settled partial (the speech paused: the ASR says so, kame/asr/) or a final sends
+the rest. Words already sent stay sent: when a later partial
+revises one of them anyway, the deltas go on from the same word count, so the client's text is the
+words as first sent followed by the newer ones (a revision this deep is rare: with `hold` words held
+back, only an ASR that rewrites more than that many words of its past does it). A final, which may
+decode the whole utterance again with more or fewer words, is aligned word by word with what was
+sent: the words after the last one sent go out, none twice.
 
 Clients split the user's speech into turns on a gap between deltas (Pipecat and LiveKit: 0.8 s), so
 the mapping sends a space (`space()`) while an utterance that has sent words is `open` and no word
@@ -17,6 +19,7 @@ then comes without one), or one more space in a long pause.
 
 from __future__ import annotations
 
+import difflib
 import re
 
 _NOT_WORD = re.compile(r"[^\w']+")
@@ -35,6 +38,7 @@ class StableWords:
             raise ValueError("hold must be >= 0")
         self.hold = hold
         self._sent = 0  # words of the current utterance sent
+        self._sent_keys: list[str] = []  # those words as they were sent, by key (a final is aligned with them)
         self._previous: list[str] = []  # the last partial's words, by key
         self._spoken = False  # a word was sent in this session: the next delta starts with a space
         self._spaced = False  # the last delta ended with a space (a keepalive): the next word needs none
@@ -63,18 +67,39 @@ class StableWords:
         return self._send(words, len(words) if settled else min(agreed, len(words) - self.hold))
 
     def final(self, text: str) -> str:
-        """The rest of the utterance; the next transcript starts a new one."""
+        """The rest of the utterance, after the words already sent as aligned with it; the next transcript
+        starts a new one."""
         words = text.split()
-        delta = self._send(words, len(words))
-        self._sent, self._previous = 0, []
+        start = self._aligned([_key(w) for w in words])
+        delta = self._say(words[start:])
+        self._sent, self._sent_keys, self._previous = 0, [], []
         return delta
+
+    def _aligned(self, keys: list[str]) -> int:
+        """Where in a final's words (by key) the words sent so far end: after the last run of them the final
+        has too, skipping as many of its words as were sent after that run (words the final revised)."""
+        sent = self._sent_keys
+        if not sent:
+            return 0
+        runs = [m for m in difflib.SequenceMatcher(None, sent, keys, autojunk=False).get_matching_blocks() if m.size]
+        if not runs:
+            return min(len(sent), len(keys))
+        last = runs[-1]
+        return min(len(keys), last.b + last.size + len(sent) - (last.a + last.size))
 
     def _send(self, words: list[str], upto: int) -> str:
         if upto <= self._sent:
             return ""
-        fresh = " ".join(words[self._sent:upto])
-        delta = (" " if self._spoken and not self._spaced else "") + fresh
-        self._sent, self._spoken, self._spaced = upto, True, False
+        delta = self._say(words[self._sent:upto])
+        self._sent = upto
+        return delta
+
+    def _say(self, fresh: list[str]) -> str:
+        if not fresh:
+            return ""
+        self._sent_keys += [_key(w) for w in fresh]
+        delta = (" " if self._spoken and not self._spaced else "") + " ".join(fresh)
+        self._spoken, self._spaced = True, False
         return delta
 
 
