@@ -313,12 +313,18 @@ def receive_opus(transceiver: RTCRtpTransceiver, name: str = "opus-in",
     opus, gate, handle = OpusInput(asyncio.get_running_loop(), name=name), ReorderGate(), receiver._handle_rtp_packet
     receiver._RTCRtpReceiver__jitter_buffer = _Discard()
 
+    carried = 0  # packets lost before empty ones released: counted before the next with audio
+
     async def handle_rtp(packet, arrival_time_ms: int) -> None:
-        if packet.payload:  # an empty payload is padding or a keep-alive
-            if observe is not None:
-                observe(packet)
-            for lost, ready in gate.push(packet):
-                opus.push(ready.payload, lost)
+        nonlocal carried
+        if packet.payload and observe is not None:
+            observe(packet)
+        for lost, ready in gate.push(packet):  # an empty one (padding, a keep-alive) holds its place in sequence
+            if ready.payload:
+                opus.push(ready.payload, lost + carried)
+                carried = 0
+            else:
+                carried += lost
         await handle(packet, arrival_time_ms)  # statistics, RTCP
 
     receiver._handle_rtp_packet = handle_rtp

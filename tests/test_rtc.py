@@ -208,6 +208,48 @@ def test_receive_opus_leaves_a_receiver_it_does_not_know_alone():
     assert asyncio.run(scenario()) is None
 
 
+def test_empty_rtp_packets_hold_their_place_and_are_not_taken_for_lost_audio():
+    """Padding or keep-alive packets (no payload) have sequence numbers of their own: they count as arrived,
+    so the packets around them are not taken for lost ones (each would have added 20 ms of made-up audio
+    to the user's timeline); a real loss next to them is still made up."""
+    from types import SimpleNamespace
+
+    from aiortc.jitterbuffer import JitterBuffer
+    from aiortc.rtp import RtpPacket
+
+    tone = (0.3 * np.sin(2 * np.pi * 440 * np.arange(48000) / 48000)).astype(np.float32)
+    packets = _opus_packets(tone)[:12]  # 20 ms each
+
+    async def scenario():
+        handled = []
+
+        async def handle(packet, arrival_time_ms):
+            handled.append(packet.sequence_number)
+
+        receiver = SimpleNamespace(_RTCRtpReceiver__jitter_buffer=JitterBuffer(capacity=16), _handle_rtp_packet=handle)
+        transceiver = SimpleNamespace(_codecs=[SimpleNamespace(mimeType="audio/opus")], receiver=receiver)
+        decoded = receive_opus(transceiver)
+        seq = 100
+        for index, payload in enumerate(packets):
+            if index == 8:
+                seq += 1  # a real loss: one packet never comes
+            await receiver._handle_rtp_packet(RtpPacket(sequence_number=seq, payload=payload), 0)
+            seq += 1
+            if index % 3 == 2:  # padding between the audio packets
+                await receiver._handle_rtp_packet(RtpPacket(sequence_number=seq, payload=b""), 0)
+                seq += 1
+        await asyncio.sleep(0.2)
+        decoded.close()
+        samples = 0
+        while (pcm := await asyncio.wait_for(decoded.frames.get(), 5)) is not None:
+            samples += len(pcm)
+        return samples, len(handled), decoded.gate.lost
+
+    samples, handled, lost = asyncio.run(scenario())
+    assert handled == 12 + 4  # aiortc's statistics and RTCP see every packet
+    assert lost == 1 and samples == (12 + 1) * 480  # 12 packets and the one lost, 20 ms each at 24 kHz
+
+
 # -------------------------------------------------------------------- the assistant's track
 
 

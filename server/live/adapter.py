@@ -90,7 +90,8 @@ class LiveCarrier:
 
     async def on_message(self, message: Message) -> None:
         text = message if isinstance(message, str) else None
-        if self.permissions is not None and not self.permissions.may_send(kind := _event_type(text)):
+        oversized = text is not None and len(text) > self.mapping.facts.max_event_bytes  # the mapping refuses it unread
+        if self.permissions is not None and not oversized and not self.permissions.may_send(kind := _event_type(text)):
             raise LiveError("event_not_allowed", f"{kind} is not among this data channel's allowed client events "
                             "(session.client.data_channel.allowed_client_events).", "type")
         try:
@@ -279,6 +280,6 @@ class LiveCarrier:
 def _event_type(text: str | None) -> object:
     """A data channel message's `type`, for the permission check (None when it has none: the
     mapping refuses such a message as usual)."""
-    with contextlib.suppress(ValueError, TypeError, AttributeError):
+    with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
         return json.loads(text).get("type")
     return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable, Coroutine
 
 import av
@@ -24,7 +25,31 @@ from server.runner import CLOSE_LIMIT_S, Disconnected, Message
 logger = logging.getLogger(__name__)
 
 EVENTS_LABEL = "oai-events"  # the data channel the client creates
+MAX_OFFER_BYTES = 64 * 1024  # a browser's offer is a few kB; aiortc's parsing is slow on a large one
+MAX_CANDIDATES = 64  # aioice matches every remote candidate against the others: quadratic in their number
+OPUS = re.compile(r"^a=rtpmap:\d+ opus/48000", re.IGNORECASE | re.MULTILINE)
 SENT_GRACE_S = 0.1  # after SCTP took the last message, before the peer connection closes (unacked)
+
+
+def check_offer(sdp: str) -> None:
+    """What aiortc would take badly, refused before it parses: a huge offer, too many candidates, no
+    DTLS fingerprint or role (the connection would fail later, holding its slot), audio without Opus."""
+    size = len(sdp.encode())
+    if size > MAX_OFFER_BYTES:
+        raise LiveError("invalid_sdp", f"The SDP offer is {size} bytes; at most {MAX_OFFER_BYTES}.", "transport.sdp")
+    lines = sdp.splitlines()
+    candidates = sum(line.startswith("a=candidate:") for line in lines)
+    if candidates > MAX_CANDIDATES:
+        raise LiveError("invalid_sdp", f"The SDP offer has {candidates} ICE candidates; at most {MAX_CANDIDATES}.",
+                        "transport.sdp")
+    for attribute in ("a=fingerprint:", "a=setup:"):
+        if not any(line.startswith(attribute) for line in lines):
+            raise LiveError("invalid_sdp", f"The SDP offer has no {attribute.rstrip(':')} (DTLS).", "transport.sdp")
+    audio = next((section for section in re.split(r"^(?=m=)", sdp, flags=re.MULTILINE)
+                  if section.startswith("m=audio")), None)
+    if audio is not None and not OPUS.search(audio):
+        raise LiveError("invalid_sdp", "The offer's audio has no Opus (opus/48000): this server speaks Opus only.",
+                        "transport.sdp")
 
 
 class WebRTCLink:
@@ -46,17 +71,23 @@ class WebRTCLink:
         self._ptime_ms = ptime_ms
 
     async def answer(self, offer: str) -> str:
-        """The SDP answer to the client's offer (LiveError for a bad one)."""
+        """The SDP answer to the client's offer (LiveError for a bad one). Media beyond the first audio
+        track (video, a second microphone) is answered inactive: nothing would read it."""
+        check_offer(offer)
         self.pc.on("datachannel", self._on_channel)
         self.pc.on("track", self._on_track)
         self.pc.on("connectionstatechange", self._on_state)
         try:
             await self.pc.setRemoteDescription(RTCSessionDescription(offer, "offer"))
-        except (ValueError, KeyError, IndexError) as exc:
-            raise LiveError("invalid_sdp", f"The SDP offer cannot be read: {exc}", "transport.sdp") from exc
+        except Exception as exc:  # aiortc's parser asserts as often as it raises
+            raise LiveError("invalid_sdp", f"The SDP offer cannot be read: {exc!r}", "transport.sdp") from exc
         kinds = {t.kind for t in self.pc.getTransceivers()}
         if "audio" not in kinds or self.pc.sctp is None:
             raise LiveError("invalid_sdp", "The offer needs one audio track and a data channel.", "transport.sdp")
+        audio = next(t for t in self.pc.getTransceivers() if t.kind == "audio")
+        for transceiver in self.pc.getTransceivers():
+            if transceiver is not audio:
+                transceiver.direction = "inactive"
         self.pc.addTrack(self.track)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         audio = next(t for t in self.pc.getTransceivers() if t.kind == "audio")
