@@ -301,31 +301,13 @@ def test_the_pause_rule_waits_for_speech_then_for_the_pause():
 def test_a_turn_ends_on_a_frame_without_text_and_only_once(stt_layouts):
     """The stream's side: pieces of a word on frames in a row stay together, the end of turn waits for
     a frame without text, and a pause that goes on does not end an empty turn again."""
-    from types import SimpleNamespace
-
     import sentencepiece
-
-    from kame.asr.kyutai_stt import KyutaiSttStream, SttFrame
 
     tokenizer = sentencepiece.SentencePieceProcessor(model_file=str(hub.TOKENIZER))
     he, ll, o, wo, n = tokenizer.encode("hello won")[:5]
 
-    class Runner:
-        async def acquire_async(self, on_output, on_error):
-            return SimpleNamespace(push_frame=lambda frame: None, release=lambda: None, dropped_frames=0)
-
-    asr = SimpleNamespace(options=SttOptions(), model=SimpleNamespace(tokenizer=tokenizer), prefix_frames=13,
-                          delay_s=0.5, runner=Runner())
     frames = [(he, 0.0), (ll, 0.0), (o, 0.0), (None, 0.0), (wo, 1.0), (n, 1.0), (None, 1.0), (None, 1.0)]
-
-    async def scenario():
-        stream = KyutaiSttStream(asr)
-        for index, (token, end) in enumerate(frames):
-            stream._on_output(SttFrame(0, 20 + index, token, end))
-        await stream.aclose()
-        return [event async for event in stream]
-
-    events = asyncio.run(scenario())
+    events = _stt_stream_events(tokenizer, frames)
     finals = [e.text for e in events if isinstance(e, FinalTranscript)]
     assert finals == ["hello won"]
     assert [e.text for e in events if not isinstance(e, FinalTranscript)] == ["he", "hell", "hello", "hello wo",
@@ -455,14 +437,27 @@ def test_a_pause_in_the_words_settles_them_before_the_end_of_turn(stt_layouts):
     """Kyutai's STT only ever extends its partial: five frames without text (0.4 s) after a word are a pause,
     said once as a settled partial (GPT-Live and Realtime send a partial's newest word only then or at the
     final, which waits for the end-of-turn decision), and the words go on after it."""
-    from types import SimpleNamespace
-
     import sentencepiece
 
-    from kame.asr.kyutai_stt import SETTLE_FRAMES, KyutaiSttStream, SttFrame
+    from kame.asr.kyutai_stt import SETTLE_FRAMES
 
     tokenizer = sentencepiece.SentencePieceProcessor(model_file=str(hub.TOKENIZER))
     hello, won = tokenizer.encode(" hello"), tokenizer.encode(" won")
+    frames = ([(t, 0.0) for t in hello] + [(None, 0.0)] * (SETTLE_FRAMES + 3) + [(t, 0.0) for t in won]
+              + [(None, 0.0)] * (SETTLE_FRAMES - 1) + [(None, 1.0)])
+    events = _stt_stream_events(tokenizer, frames)
+    settled = [(e.text, e.end_s) for e in events if getattr(e, "settled", False)]
+    assert [text for text, _ in settled] == ["hello"]  # once, not for the pause that the final ended
+    finals = [e.text for e in events if isinstance(e, FinalTranscript)]
+    assert finals == ["hello won"]
+
+
+def _stt_stream_events(tokenizer, frames: list[tuple[int | None, float]]) -> list:
+    """What a Kyutai STT stream makes of the engine's frames (text token or None, end-of-turn probability),
+    its engine stood in for."""
+    from types import SimpleNamespace
+
+    from kame.asr.kyutai_stt import KyutaiSttStream, SttFrame
 
     class Runner:
         async def acquire_async(self, on_output, on_error):
@@ -470,8 +465,6 @@ def test_a_pause_in_the_words_settles_them_before_the_end_of_turn(stt_layouts):
 
     asr = SimpleNamespace(options=SttOptions(), model=SimpleNamespace(tokenizer=tokenizer), prefix_frames=13,
                           delay_s=0.5, runner=Runner())
-    frames = ([(t, 0.0) for t in hello] + [(None, 0.0)] * (SETTLE_FRAMES + 3) + [(t, 0.0) for t in won]
-              + [(None, 0.0)] * (SETTLE_FRAMES - 1) + [(None, 1.0)])
 
     async def scenario():
         stream = KyutaiSttStream(asr)
@@ -480,8 +473,4 @@ def test_a_pause_in_the_words_settles_them_before_the_end_of_turn(stt_layouts):
         await stream.aclose()
         return [event async for event in stream]
 
-    events = asyncio.run(scenario())
-    settled = [(e.text, e.end_s) for e in events if getattr(e, "settled", False)]
-    assert [text for text, _ in settled] == ["hello"]  # once, not for the pause that the final ended
-    finals = [e.text for e in events if isinstance(e, FinalTranscript)]
-    assert finals == ["hello won"]
+    return asyncio.run(scenario())

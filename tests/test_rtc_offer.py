@@ -53,9 +53,8 @@ def test_what_aiortc_takes_badly_is_refused_first(change):
     assert refused.value.code == "invalid_sdp" and refused.value.param == "transport.sdp"
 
 
-def test_a_malformed_offer_is_invalid_sdp_whatever_aiortc_raises():
-    sdp = re.sub(r"m=audio \d+", "m=audio port", offer(), count=1)  # aiortc asserts on it
-
+def answered(sdp: str) -> str:
+    """The server's link's answer to `sdp` (its peer connection closed after)."""
     async def answer():
         link = WebRTCLink()
         try:
@@ -63,24 +62,20 @@ def test_a_malformed_offer_is_invalid_sdp_whatever_aiortc_raises():
         finally:
             await link.close_peer()
 
+    return asyncio.run(answer())
+
+
+def test_a_malformed_offer_is_invalid_sdp_whatever_aiortc_raises():
+    sdp = re.sub(r"m=audio \d+", "m=audio port", offer(), count=1)  # aiortc asserts on it
     with pytest.raises(LiveError) as refused:
-        asyncio.run(answer())
+        answered(sdp)
     assert refused.value.code == "invalid_sdp"
 
 
 def test_video_in_the_offer_is_answered_inactive():
     """A browser that asked getUserMedia for video too: nothing here reads it, so the answer says inactive
     (aiortc would decode it and queue every frame unread, ~13 MB a second)."""
-    sdp = offer(video=True)
-
-    async def answer():
-        link = WebRTCLink()
-        try:
-            return await link.answer(sdp)
-        finally:
-            await link.close_peer()
-
-    sections = re.split(r"\r\n(?=m=)", asyncio.run(answer()))
+    sections = re.split(r"\r\n(?=m=)", answered(offer(video=True)))
     audio = next(s for s in sections if s.startswith("m=audio"))
     video = next(s for s in sections if s.startswith("m=video"))
     assert "a=sendrecv" in audio and "a=inactive" in video
