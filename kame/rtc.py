@@ -43,6 +43,7 @@ MAX_HOLD = 5  # packets a gap may be waited for on the worst link (100 ms)
 RELAX_AFTER = 1500  # packets in order (30 s) before the wait shrinks by one
 MAX_FILL = 10  # lost packets made up for (more: the sender restarted or paused)
 RESTART_GAP = 3000  # a jump this far ahead is a new stream, not loss
+RESTART_RUN = 8  # this many packets in a row, each next to the last, all before `_next`: the stream restarted
 
 
 class Sequenced(Protocol):
@@ -58,7 +59,9 @@ class ReorderGate:
     """RTP packets in, in sequence order out, as early as the link allows. A packet that is next
     goes out at once (and any held ones it unblocks); after a gap, later packets are held until the
     missing one comes or `hold` of them are waiting, then the gap is given up (`lost`). A packet
-    that comes after its gap was given up is dropped (`late`) and the hold grows by one."""
+    that comes after its gap was given up is dropped (`late`) and the hold grows by one. A stream that
+    went back (the sender restarted its numbering, or one stray packet far ahead moved `_next` on) is
+    taken up again after RESTART_RUN packets in sequence behind it, not dropped until it catches up."""
 
     def __init__(self, max_hold: int = MAX_HOLD, relax_after: int = RELAX_AFTER) -> None:
         self.hold, self.max_hold, self.relax_after = 0, max_hold, relax_after
@@ -67,12 +70,13 @@ class ReorderGate:
         self._held: dict[int, Sequenced] = {}
         self._skipped: collections.deque[int] = collections.deque(maxlen=64)  # given up on, recently
         self._in_order = 0
+        self._behind: tuple[int, int] | None = None  # (the last packet before `_next`, the run it ends)
 
     def push(self, packet: Sequenced) -> list[tuple[int, Sequenced]]:
         """The packets released by this one: (packets lost just before it, packet), in order."""
         seq = packet.sequence_number
-        if self._next is None or abs(_ahead(seq, self._next)) >= RESTART_GAP:
-            self._next, self._held = seq, {}
+        if self._next is None or abs(_ahead(seq, self._next)) >= RESTART_GAP or self._went_back(seq):
+            self._next, self._held, self._behind = seq, {}, None
         if _ahead(seq, self._next) < 0:  # its gap was given up (or it is a duplicate)
             if seq in self._skipped:
                 self.late += 1
@@ -89,6 +93,16 @@ class ReorderGate:
             out += self._release(skipped)
         self._relax(len(out))
         return out
+
+    def _went_back(self, seq: int) -> bool:
+        """Whether `seq`, before `_next`, ends RESTART_RUN such packets in sequence (a late one alone does not)."""
+        if _ahead(seq, self._next) >= 0:
+            self._behind = None
+            return False
+        last, run = self._behind if self._behind is not None else (None, 0)
+        run = run + 1 if last is not None and _ahead(seq, last) == 1 else 1
+        self._behind = (seq, run)
+        return run >= RESTART_RUN
 
     def _release(self, lost: int) -> list[tuple[int, Sequenced]]:
         """The held packets from `_next` on, up to the next gap; the first follows `lost` lost ones."""

@@ -19,7 +19,7 @@ from aiortc.rtp import compute_audio_level_dbov
 
 from kame import opus
 from kame.pcm import Resampler
-from kame.rtc import OpusInput, ReorderGate, audio_level_dbov, ptime, receive_opus, with_ptime
+from kame.rtc import RESTART_RUN, OpusInput, ReorderGate, audio_level_dbov, ptime, receive_opus, with_ptime
 from server.live.assistant_track import (
     BLOCK,
     PHASE_MARGIN_S,
@@ -69,6 +69,22 @@ def test_duplicates_and_restarts():
     assert gate.hold == 0 and gate.late == 0  # a duplicate is not reordering
     assert released(gate, 40000) == [(0, 40000)]  # a new stream
     assert gate.lost == 0
+
+
+def test_a_stream_that_went_back_is_taken_up_again_after_a_run_of_packets():
+    """One stray packet far ahead (or a sender that restarted its numbering lower) left every later packet
+    'late': dropped until the stream caught up, a minute at 40 ms packets. Eight in sequence behind
+    restart the gate there; a few late ones in a row do not."""
+    gate = ReorderGate()
+    released(gate, 100, 101, 102)
+    assert released(gate, 1600) == [(1497, 1600)]  # a stray packet far ahead: the gap is given up
+    assert released(gate, *range(103, 103 + RESTART_RUN - 1)) == []  # late, for now
+    assert released(gate, 103 + RESTART_RUN - 1) == [(0, 103 + RESTART_RUN - 1)]  # the stream is back
+    after = 103 + RESTART_RUN
+    assert released(gate, after, after + 1) == [(0, after), (0, after + 1)]
+    gate2 = ReorderGate()
+    released(gate2, 10, 14)  # 11-13 given up
+    assert released(gate2, 11, 12, 13) == [] and gate2.late == 3  # late ones, not a restart
 
 
 def test_the_resamplers_keep_every_sample_and_the_voice_band():
