@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kame.audio import SAMPLE_RATE
+from server import recorder
 from server.access import AccessControl
 from server.http_errors import error_response
 
@@ -36,18 +37,29 @@ async def download(request: Request, session_id: str, record_dir: Path | None, a
     if not SESSION_ID.fullmatch(session_id) or not (folder / "events.jsonl").is_file():
         return error_response(404, "invalid_request_error", "session_not_found",
                               f"No recording of session {session_id!r}.")
-    if not await asyncio.to_thread(_finished, folder):
+    state = await asyncio.to_thread(_state, folder)
+    if state == "running":
         return error_response(409, "invalid_request_error", "session_active",
                               f"Session {session_id!r} is still running: its recording comes once it ends.")
+    if state == "incomplete":  # the recorder failed or the server stopped during it: it will not end
+        return error_response(404, "invalid_request_error", "recording_incomplete",
+                              f"The recording of session {session_id!r} was never finished (its writing failed or "
+                              "the server stopped during it).")
     body = await asyncio.to_thread(stereo_wav, folder)
     return Response(body, media_type="audio/wav",
                     headers={"Content-Disposition": f'attachment; filename="{session_id}.wav"'})
 
 
-def _finished(folder: Path) -> bool:
-    """The recorder writes an `end` event once its WAV files are final."""
+def _state(folder: Path) -> str:
+    """"finished" (the recorder wrote its `end` event once the WAV files were final), "running" (a recorder
+    holds the events file: this server or another on the host) or "incomplete" (neither: it never will)."""
     lines = (folder / "events.jsonl").read_text().splitlines()
-    return bool(lines) and json.loads(lines[-1]).get("type") == "end"
+    try:
+        if lines and json.loads(lines[-1]).get("type") == "end":
+            return "finished"
+    except ValueError:  # a line cut short by a crash
+        pass
+    return "running" if recorder.running(folder / "events.jsonl") else "incomplete"
 
 
 def stereo_wav(folder: Path) -> bytes:
