@@ -87,7 +87,8 @@ class ReorderGate:
         while len(self._held) > self.hold:  # waited long enough: skip to the oldest held packet
             oldest = min(self._held, key=lambda s: _ahead(s, self._next))
             skipped = _ahead(oldest, self._next)
-            self._skipped.extend((self._next + i) & 0xFFFF for i in range(min(skipped, MAX_HOLD * 4)))
+            if skipped <= MAX_HOLD * 4:  # reordering's losses; a jump further is a stray packet or a new stream
+                self._skipped.extend((self._next + i) & 0xFFFF for i in range(skipped))
             self.lost += skipped
             self._next = oldest
             out += self._release(skipped)
@@ -96,7 +97,7 @@ class ReorderGate:
 
     def _went_back(self, seq: int) -> bool:
         """Whether `seq`, before `_next`, ends RESTART_RUN such packets in sequence (a late one alone does not)."""
-        if _ahead(seq, self._next) >= 0:
+        if _ahead(seq, self._next) >= 0 or seq in self._skipped:  # a late one whose gap was given up: no restart
             self._behind = None
             return False
         last, run = self._behind if self._behind is not None else (None, 0)

@@ -75,6 +75,10 @@ class StableWords:
         self._sent, self._sent_keys, self._previous = 0, [], []
         return delta
 
+    def drop(self) -> None:
+        """The utterance ends without its words (its final was a backchannel): the next starts afresh."""
+        self._sent, self._sent_keys, self._previous = 0, [], []
+
     def _aligned(self, keys: list[str]) -> int:
         """Where in a final's words (by key) the words sent so far end: after the last run of them the final
         has too, skipping as many of its words as were sent after that run (words the final revised)."""

@@ -268,6 +268,9 @@ def test_an_evaluation_that_breaks_is_an_error_and_the_close_cancels_those_still
     ({"type": "decision.item.create", "item": {"type": "function_call", "name": "f"}},
      "missing_required_parameter", "item.arguments"),
     ({"type": "decision.item.create", "item": {"role": "user", "content": [5]}}, "invalid_value", "item.content[0]"),
+    ({"type": "session.start", "session": {"model": "gpt-live-1", "delegation": {
+        "type": "decisions", "decisions": {"model": "scripted", "questions": [{**PREDICATE, "type": "predicat"}]}}}},
+     "invalid_value", "session.delegation.decisions.questions[0].type"),
 ])
 def test_a_bad_question_or_item_is_named_where_it_is_wrong(event, code, param):
     """The error names the member the client's own `type` (or a message's `role`) picked, not the first

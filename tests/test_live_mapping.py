@@ -228,6 +228,19 @@ def test_a_pause_in_an_open_user_turn_gets_a_space_at_least_every_third_of_a_sec
     assert 15 <= len(spaces) <= 17 and spaces[-1][0] - spaces[0][0] <= 5.0  # then the client may end the turn
 
 
+def test_an_utterance_that_ends_as_a_backchannel_leaves_the_next_one_whole():
+    """"I" settled before "I see." showed a backchannel: it went out, but the utterance ends there (no more
+    spaces for it) and the next one's words all go out (a stale count swallowed the first)."""
+    rig = Rig()
+    rig.start()
+    rig.mapping.on_session(Transcript(False, "I", 0.5, 0.9, 0.1, settled=True), rig.now)
+    rig.mapping.on_session(Transcript(True, "I see.", 0.5, 1.4, 0.1, backchannel=True), rig.now)
+    assert [e["delta"] for e in rig.events()] == ["I"]
+    assert not rig.mapping._words.open and rig.mapping._keepalive.due() == ()
+    rig.mapping.on_session(Transcript(True, "What time is it?", 3.0, 4.0, 0.1), rig.now)
+    assert [e["delta"] for e in rig.events()] == [" What time is it?"]
+
+
 def test_a_backchannel_sends_no_user_words():
     """"Mm-hmm." while the assistant speaks: no input transcript a client would make a user turn of;
     the user's next real words go out whole."""

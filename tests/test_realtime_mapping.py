@@ -630,3 +630,34 @@ def test_transcription_deltas_add_up_to_the_words_when_partials_revise_their_end
 
     assert tail == " tomorrow afternoon?"  # no word twice
     assert plain(early + settled + tail) == plain(completed["transcript"])
+
+
+def test_an_utterance_that_ends_as_a_backchannel_leaves_the_next_one_whole():
+    """A word settled before the rest showed a backchannel ("I" of "I see."): the next utterance is an item of
+    its own, every word of it under its id (the stale tracker swallowed its first word)."""
+    rig = Rig()
+    rig.events()
+    rig.mapping.on_session(Transcript(False, "I", 0.5, 0.9, 0.1, settled=True), rig.now)
+    rig.mapping.on_session(Transcript(True, "I see.", 0.5, 1.4, 0.1, backchannel=True), rig.now)
+    for partial in ["What", "What time", "What time is", "What time is it"]:
+        rig.hear(partial, final=False, start_s=3.0, end_s=3.5)
+    rig.hear("What time is it?", final=True, start_s=3.0, end_s=4.0)
+    events = rig.events()
+    (completed,) = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    deltas = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.delta"
+              and e["item_id"] == completed["item_id"]]
+    assert "".join(d["delta"] for d in deltas) == "What time is it?"
+
+
+def test_push_to_talk_utterances_before_the_commit_are_one_items_deltas():
+    rig = Rig()
+    rig.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}}})
+    rig.events()
+    rig.hear("what is the capital", final=True, start_s=1.0, end_s=2.0)
+    rig.hear("of France", final=True, start_s=3.0, end_s=4.0)
+    rig.send({"type": "input_audio_buffer.commit"})
+    events = rig.events()
+    deltas = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.delta"]
+    (committed,) = [e for e in events if e["type"] == "input_audio_buffer.committed"]
+    assert {d["item_id"] for d in deltas} == {committed["item_id"]}
+    assert "".join(d["delta"] for d in deltas) == "what is the capital of France"

@@ -572,3 +572,13 @@ def test_a_track_that_fails_ends_alone_and_its_pacer_goes_on_with_the_others(mon
     assert good._pacer is bad._pacer is pacer
     assert len(got) == 4 and all(isinstance(p, av.Packet) for p in got)
     assert [p.pts for p in got] == [1920 * i for i in range(4)]
+
+
+def test_a_late_burst_after_its_gap_was_given_up_is_no_restart():
+    """Twelve delayed packets arriving together after the gate gave their gap up are late ones, known as such:
+    dropped, not taken for a stream that went back (which would play them out of order, then lose the present)."""
+    gate = ReorderGate()
+    released(gate, *range(100))
+    assert released(gate, *range(112, 131))[0] == (12, 112)
+    assert released(gate, *range(100, 112)) == []
+    assert released(gate, 131) == [(0, 131)] and gate.late == 12

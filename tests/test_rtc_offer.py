@@ -33,6 +33,15 @@ def test_a_clients_own_offer_passes():
     check_offer(offer())
 
 
+def test_candidates_repeated_in_every_section_count_once():
+    """aiortc's offers (the bench's client's) list every candidate again in each m-section."""
+    one = "".join(f"a=candidate:{i} 1 udp 2130706431 10.0.0.{i} {9000 + i} typ host\r\n"
+                  for i in range(MAX_CANDIDATES * 2 // 3))
+    sdp = offer().replace("a=mid:0\r\n", "a=mid:0\r\n" + one, 1).replace("a=mid:1\r\n", "a=mid:1\r\n" + one, 1)
+    assert sdp.count("a=candidate:") > MAX_CANDIDATES
+    check_offer(sdp)
+
+
 @pytest.mark.parametrize("change", ["huge", "candidates", "no_fingerprint", "no_setup", "no_opus"])
 def test_what_aiortc_takes_badly_is_refused_first(change):
     sdp = offer()

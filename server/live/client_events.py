@@ -123,7 +123,16 @@ def _telling(errors: list[dict]) -> dict:
                  if e["type"] == "literal_error" and len(e["loc"]) > 1 and e["loc"][-1] in ("type", "role")
                  and _is_step(e["loc"][-2])}
     kept = [e for e in errors if not any(tuple(e["loc"][:len(member)]) == member for member in ruled_out)]
-    return max(kept, key=lambda e: len(e["loc"])) if kept else errors[0]
+    if kept:
+        return max(kept, key=lambda e: len(e["loc"]))
+    tags = [e for e in errors
+            if e["type"] == "literal_error" and len(e["loc"]) > 1 and e["loc"][-1] in ("type", "role")]
+    if not tags:
+        return errors[0]
+    deepest = max(len(e["loc"]) for e in tags)  # no member takes this tag: say what every one would
+    tags = [e for e in tags if len(e["loc"]) == deepest]
+    expected = ", ".join(dict.fromkeys(str(e.get("ctx", {}).get("expected", "")) for e in tags))
+    return {**tags[0], "msg": f"Input should be one of {expected}"}
 
 
 def _is_step(part: object) -> bool:

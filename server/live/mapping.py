@@ -285,6 +285,9 @@ class LiveMapping:
 
     def _transcript(self, event: Transcript, now: float) -> None:
         if event.backchannel:  # "mm-hm" while the assistant speaks: no words a client would make a user turn of
+            if event.final:  # (a first word of it may have gone out, settled: "I" of "I see")
+                self._words.drop()
+                self._keepalive.sent(now, False, False)
             return
         delta = self._words.final(event.text) if event.final else self._words.partial(event.text, event.settled)
         if delta:

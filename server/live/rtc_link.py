@@ -38,7 +38,7 @@ def check_offer(sdp: str) -> None:
     if size > MAX_OFFER_BYTES:
         raise LiveError("invalid_sdp", f"The SDP offer is {size} bytes; at most {MAX_OFFER_BYTES}.", "transport.sdp")
     lines = sdp.splitlines()
-    candidates = sum(line.startswith("a=candidate:") for line in lines)
+    candidates = len({line for line in lines if line.startswith("a=candidate:")})  # aiortc repeats them a section
     if candidates > MAX_CANDIDATES:
         raise LiveError("invalid_sdp", f"The SDP offer has {candidates} ICE candidates; at most {MAX_CANDIDATES}.",
                         "transport.sdp")

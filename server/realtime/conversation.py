@@ -74,7 +74,9 @@ class UserTurns:
         change its last words or punctuation ("What's the..." then "What's the weather"), which a delta
         cannot take back."""
         started = None
-        if self.current is None:
+        if self.current is None and not detecting and self.uncommitted:  # one item until the client commits
+            started = self.current = self.uncommitted[0][0]
+        elif self.current is None:
             started = self.current = UserItem(new_id("item"), int(event.start_s * 1000))
             if detecting:
                 self.outbox.emit("input_audio_buffer.speech_started", audio_start_ms=started.start_ms,
@@ -95,6 +97,13 @@ class UserTurns:
         else:
             self.uncommitted.append((user, event))  # the client commits by hand (input_audio_buffer.commit)
         return started
+
+    def dropped(self) -> None:
+        """The utterance in progress ended as a backchannel: no item of it (its first words may have gone out
+        as deltas, settled before the rest showed it was one); the next utterance starts a new one."""
+        if self.current is not None and not self.current.committed:
+            self.current.words.drop()
+            self.current = None
 
     def _delta(self, user: UserItem, delta: str, transcribing: bool) -> None:
         if delta and transcribing:

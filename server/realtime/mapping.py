@@ -105,6 +105,8 @@ class RealtimeMapping:
         elif isinstance(event, AssistantText):
             self.speech.text(event.frame, event.text, now)
         elif isinstance(event, Transcript):
+            if event.backchannel and event.final:
+                self.user.dropped()
             if not event.backchannel:  # "mm-hm" while the assistant speaks: no user turn, no barge-in
                 started = self.user.heard(event, self.config.turn_detection is not None, self._transcribing)
                 if started is not None and self.config.interrupts:
