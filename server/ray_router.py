@@ -35,7 +35,7 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
-PROBE_DEADLINE_S = 1.0  # a replica that does not answer this fast ranks last
+PROBE_DEADLINE_S = 1.0  # a replica that does not answer this fast is ranked by this router's own count
 FORGET_S = 10.0  # a placement its replica has not answered this long is forgotten (an answer lost); a
 # loaded machine's replica may take seconds to answer, and a placement forgotten before then no longer
 # spreads a burst
@@ -84,13 +84,15 @@ class FewestSessionsRouter(FIFOMixin, RequestRouter):
             return []
         counts = await asyncio.gather(*(self._ongoing(r) for r in candidate_replicas))
         now = time.monotonic()
-        # a replica that did not answer in time ranks after those that did, and by this router's own count
-        # among the others that did not: with every probe out of time (a loaded machine), every replica was
-        # once equally "infinitely" loaded and a burst of sessions was placed at random
+        # a replica that did not answer in time is ranked by this router's own count (exact for what this
+        # proxy sent it), after one that answered with as few: on a loaded machine a probe runs out of time
+        # now and then, and ranking such a replica after every one that answered put a burst of sessions on
+        # a full replica while the silent one had room (refused busy). A replica that died is not lost
+        # time: Serve retries the request elsewhere (ActorDiedError) and drops it from the candidates.
         load = {}
         for replica, count in zip(candidate_replicas, counts, strict=True):
             own = self._of(replica.replica_id).count(now)
-            load[replica.replica_id] = (True, own) if count is None else (False, max(count, own))
+            load[replica.replica_id] = (own, True) if count is None else (max(count, own), False)
         ranked = sorted(candidate_replicas, key=lambda r: (*load[r.replica_id], random.random()))
         # counted at once (no await between here and the next ranking's reading of it): requests
         # ranked together see each other

@@ -240,10 +240,11 @@ def test_a_burst_fills_every_slot_once(travel_s, phantom):
     asyncio.run(go())
 
 
-def test_a_burst_spreads_by_the_routers_own_count_when_no_replica_answers_its_probe():
-    """On a loaded machine every probe may run out of time: the replicas rank by this router's own count
-    (they ranked all alike, and four sessions at once were placed at random), and a replica that answers
-    still ranks before one that does not (a dead replica's count does not answer)."""
+def test_a_burst_spreads_by_the_routers_own_count_when_probes_run_out_of_time():
+    """On a loaded machine a probe may run out of time: such a replica ranks by this router's own count
+    (all silent, they ranked alike and four sessions at once were placed at random; one silent beside one
+    that answered, the silent one ranked last and the answering one took three of four, refused busy); at
+    equal counts the replica that answered goes first."""
     pytest.importorskip("ray.serve")
 
     async def go():
@@ -251,9 +252,14 @@ def test_a_burst_spreads_by_the_routers_own_count_when_no_replica_answers_its_pr
             router, replicas = make_router(), [FakeReplica("a", silent=True), FakeReplica("b", silent=True)]
             await asyncio.gather(*(place(router, replicas, 0.01) for _ in range(4)))
             assert sorted(r.taken for r in replicas) == [2, 2]
+            router, replicas = make_router(), [FakeReplica("a"), FakeReplica("b", silent=True)]
+            await asyncio.gather(*(place(router, replicas, 0.01) for _ in range(4)))
+            assert sorted(r.taken for r in replicas) == [2, 2]
         router = make_router()
-        ranked = await router.choose_replicas([FakeReplica("dead", silent=True), FakeReplica("busy", ongoing=1)])
-        assert [group[0].replica_id for group in ranked] == ["busy", "dead"]
+        ranked = await router.choose_replicas([FakeReplica("slow", silent=True), FakeReplica("idle")])
+        assert [group[0].replica_id for group in ranked] == ["idle", "slow"]
+        ranked = await router.choose_replicas([FakeReplica("slow", silent=True), FakeReplica("busy", ongoing=1)])
+        assert [group[0].replica_id for group in ranked] == ["slow", "busy"]
 
     asyncio.run(go())
 
