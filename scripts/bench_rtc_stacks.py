@@ -30,13 +30,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kame.audio import SAMPLE_RATE  # noqa: E402
-from kame.pcm import Resampler  # noqa: E402
+from kame.audio import SAMPLE_RATE, read_audio  # noqa: E402
 
 FRAME = SAMPLE_RATE * 80 // 1000
 CHUNK = SAMPLE_RATE // 100  # libwebrtc's audio sources take 10 ms at a time
@@ -44,9 +42,7 @@ SPEECH = ROOT / "tests" / "fixtures" / "question.wav"
 
 
 def speech() -> np.ndarray:
-    pcm, rate = sf.read(SPEECH, dtype="float32", always_2d=True)
-    pcm = pcm[:, 0]
-    return Resampler(rate, SAMPLE_RATE)(pcm) if rate != SAMPLE_RATE else pcm
+    return read_audio(SPEECH)
 
 
 def frame_of(talk: np.ndarray, index: int) -> np.ndarray:

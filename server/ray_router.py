@@ -124,7 +124,7 @@ class FewestSessionsRouter(FIFOMixin, RequestRouter):
         try:
             return await asyncio.wait_for(replica.get_queue_len(deadline_s=self.probe_deadline_s),
                                           self.probe_deadline_s)
-        except Exception:  # slow, restarting or gone: rank it last, Serve's own checks handle the rest
+        except Exception:  # slow, restarting or gone: ranked by this router's count; Serve retries a dead one
             return None
 
 

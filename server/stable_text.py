@@ -37,8 +37,7 @@ class StableWords:
         if hold < 0:
             raise ValueError("hold must be >= 0")
         self.hold = hold
-        self._sent = 0  # words of the current utterance sent
-        self._sent_keys: list[str] = []  # those words as they were sent, by key (a final is aligned with them)
+        self._sent_keys: list[str] = []  # the current utterance's words sent, by key (a final is aligned with them)
         self._previous: list[str] = []  # the last partial's words, by key
         self._spoken = False  # a word was sent in this session: the next delta starts with a space
         self._spaced = False  # the last delta ended with a space (a keepalive): the next word needs none
@@ -46,7 +45,7 @@ class StableWords:
     @property
     def open(self) -> bool:
         """Words of the current utterance went out and its final has not come: the client's user turn is open."""
-        return self._sent > 0
+        return bool(self._sent_keys)
 
     def space(self) -> str:
         """A delta of one space that keeps an open turn open: the next word's separator, sent ahead."""
@@ -72,12 +71,12 @@ class StableWords:
         words = text.split()
         start = self._aligned([_key(w) for w in words])
         delta = self._say(words[start:])
-        self._sent, self._sent_keys, self._previous = 0, [], []
+        self.drop()
         return delta
 
     def drop(self) -> None:
-        """The utterance ends without its words (its final was a backchannel): the next starts afresh."""
-        self._sent, self._sent_keys, self._previous = 0, [], []
+        """The utterance ends (without its words, where its final was a backchannel): the next starts afresh."""
+        self._sent_keys, self._previous = [], []
 
     def _aligned(self, keys: list[str]) -> int:
         """Where in a final's words (by key) the words sent so far end: after the last run of them the final
@@ -92,11 +91,8 @@ class StableWords:
         return min(len(keys), last.b + last.size + len(sent) - (last.a + last.size))
 
     def _send(self, words: list[str], upto: int) -> str:
-        if upto <= self._sent:
-            return ""
-        delta = self._say(words[self._sent:upto])
-        self._sent = upto
-        return delta
+        sent = len(self._sent_keys)
+        return self._say(words[sent:upto]) if upto > sent else ""
 
     def _say(self, fresh: list[str]) -> str:
         if not fresh:

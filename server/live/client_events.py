@@ -119,20 +119,22 @@ def _telling(errors: list[dict]) -> dict:
     input's own tag rules out (a `type`, or a message's `role`, that is not the member's) are left aside,
     and of the rest the deepest is the most precise. Without this, a Decisions question missing its
     instructions was reported as `session.delegation.type` not being 'client'."""
-    ruled_out = {tuple(e["loc"][:-1]) for e in errors
-                 if e["type"] == "literal_error" and len(e["loc"]) > 1 and e["loc"][-1] in ("type", "role")
-                 and _is_step(e["loc"][-2])}
+    tags = [e for e in errors if _tag_complaint(e)]
+    ruled_out = {tuple(e["loc"][:-1]) for e in tags if _is_step(e["loc"][-2])}
     kept = [e for e in errors if not any(tuple(e["loc"][:len(member)]) == member for member in ruled_out)]
     if kept:
         return max(kept, key=lambda e: len(e["loc"]))
-    tags = [e for e in errors
-            if e["type"] == "literal_error" and len(e["loc"]) > 1 and e["loc"][-1] in ("type", "role")]
     if not tags:
         return errors[0]
     deepest = max(len(e["loc"]) for e in tags)  # no member takes this tag: say what every one would
     tags = [e for e in tags if len(e["loc"]) == deepest]
     expected = ", ".join(dict.fromkeys(str(e.get("ctx", {}).get("expected", "")) for e in tags))
     return {**tags[0], "msg": f"Input should be one of {expected}"}
+
+
+def _tag_complaint(error: dict) -> bool:
+    """pydantic's complaint that a member's tag (`type`, or a message's `role`) is not the input's."""
+    return error["type"] == "literal_error" and len(error["loc"]) > 1 and error["loc"][-1] in ("type", "role")
 
 
 def _is_step(part: object) -> bool:

@@ -88,9 +88,8 @@ class WebRTCLink:
         for transceiver in self.pc.getTransceivers():
             if transceiver is not audio:
                 transceiver.direction = "inactive"
-        self.pc.addTrack(self.track)
+        self.pc.addTrack(self.track)  # (on the offer's audio transceiver: the one above)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
-        audio = next(t for t in self.pc.getTransceivers() if t.kind == "audio")
         self._opus = receive_opus(audio, name=f"opus-in-{self.name}")
         return with_ptime(self.pc.localDescription.sdp, self._ptime_ms)
 

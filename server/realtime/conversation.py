@@ -52,7 +52,6 @@ def public(item: dict) -> dict:
 class UserItem:
     id: str
     start_ms: int
-    heard: str = ""  # the partial transcript so far
     words: StableWords = field(default_factory=StableWords)  # its transcription deltas: words that will not change
     committed: bool = False  # the client committed it (turn_detection null): an item once its final comes
     done: bool = False  # its item was sent
@@ -84,7 +83,6 @@ class UserTurns:
         user = self.current
         if not event.final:
             self._delta(user, user.words.partial(event.text, event.settled), transcribing)
-            user.heard = event.text
             return started
         self._delta(user, user.words.final(event.text), transcribing)
         self.current = None
