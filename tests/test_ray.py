@@ -214,7 +214,15 @@ def test_sessions_spread_over_replicas_and_a_fifth_is_refused_at_once(cluster):
     settings, url, base, _ = cluster
 
     async def go():
-        talkers = await asyncio.gather(*(Talker.open(url) for _ in range(4)))  # all at once
+        opened = await asyncio.gather(*(Talker.open(url) for _ in range(4)), return_exceptions=True)  # all at once
+        refused = [o for o in opened if isinstance(o, BaseException)]
+        if refused:  # a flake seen in CI: say where the others went and what the replicas reported
+            landed = [o for o in opened if not isinstance(o, BaseException)]
+            await asyncio.gather(*(t.ready() for t in landed), return_exceptions=True)
+            report = await asyncio.to_thread(healthz, base)
+            raise AssertionError(f"{len(refused)} of 4 sessions refused ({refused[0]!r}); the others on replicas "
+                                 f"{[t.replica for t in landed]}; /healthz replicas: {report.get('replicas')}")
+        talkers = opened
         await asyncio.gather(*(t.talk(5) for t in talkers))  # the ready events have come
         refused_in = time.monotonic()
         with pytest.raises(ServerBusy) as busy:
