@@ -24,7 +24,7 @@ class Refusal:
 
 
 class SharedAddressCounts(Protocol):
-    """Connections per address kept for several processes at once (server/fronts.py's `SharedCounts`)."""
+    """Connections per address kept for several processes at once (server/front_peers.py's `SharedCounts`)."""
 
     def admit(self, address: str, limit: int) -> bool: ...
 

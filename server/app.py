@@ -8,6 +8,7 @@ import contextlib
 import logging
 import re
 import signal
+import warnings
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -23,10 +24,10 @@ from kame.errors import EngineError, SessionError
 from kame.protocol import ProtocolError
 from kame.runtime import log_index_stats
 from kame.session import SessionConfig, TandemSession
-from server import client_secrets, fronts
+from server import client_secrets, front_peers
 from server.access import AccessControl, Refusal
 from server.codec_process import CodecPool
-from server.fronts import FrontPlan
+from server.front_peers import FrontPlan
 from server.http_errors import error_response
 from server.live import recording, sideband
 from server.live.adapter import LiveCarrier, live_facts
@@ -100,6 +101,21 @@ class DrainingServer(uvicorn.Server):
         if drain is not None:
             await drain()
         await super().shutdown(sockets)
+
+
+def uvicorn_config(app, settings):
+    """uvicorn's settings for the app (one process, or each front process)."""
+    # uvicorn's legacy websockets implementation: its sans-io successor logs a spurious error after
+    # the HTTP 503 denial response that refuses a session when all slots are busy
+    warnings.filterwarnings("ignore", message=".*websockets.* implementation is deprecated")
+    return uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info", ws="websockets",
+                          lifespan="on",
+                          # no permessage-deflate: Opus does not compress, and deflating every
+                          # frame cost both ends CPU (it showed in the host-side profile)
+                          ws_per_message_deflate=False,
+                          # Realtime events carry audio as base64 (4/3 the bytes); a frame up
+                          # to 4x that gets a clear error event, beyond it the socket closes
+                          ws_max_size=4 * (settings.max_message_bytes * 4 // 3 + 4096))
 
 
 def watch_knowledge(services: Services) -> Callable[[], None]:
@@ -192,7 +208,7 @@ def create_app(settings: ServerSettings, services: Services | None = None,
         if metrics_source is not None:
             body = await metrics_source()
         elif front is not None and "local" not in request.query_params:  # (a peer asks with ?local=1)
-            body = await fronts.merged_metrics(front, current.metrics.render())
+            body = await front_peers.merged_metrics(front, current.metrics.render())
         else:
             body = current.metrics.render()
         return Response(body, media_type=CONTENT_TYPE_LATEST)
@@ -271,7 +287,7 @@ def create_app(settings: ServerSettings, services: Services | None = None,
     async def live_sideband(ws: WebSocket, session_id: str) -> None:
         """GPT-Live's sideband: a trusted server watches and steers a running session (docs/live.md)."""
         if (front is not None and sideband.find(app.state.sessions, session_id) is None
-                and fronts.RELAYED not in ws.headers and await fronts.relay_sideband(ws, session_id, front)):
+                and front_peers.RELAYED not in ws.headers and await front_peers.relay_sideband(ws, session_id, front)):
             return  # another front holds it: relayed there, where it is checked as any attach
         await sideband.attach(ws, session_id, app.state.sessions, access, settings.send_queue_messages)
 

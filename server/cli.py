@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import warnings
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from server.app import DrainingServer, create_app
+    from server.app import DrainingServer, create_app, uvicorn_config
     from server.flags import SERVE_FLAGS, given
     from server.services import Services
     from server.settings import load_settings
@@ -57,23 +56,6 @@ def run_serve(args: argparse.Namespace) -> int:
         return 0 if server.started else 1
     finally:
         services.runtime.close()  # the LLM clients were closed on the server's loop
-
-
-def uvicorn_config(app, settings):
-    """uvicorn's settings for the app (one process, or each front process)."""
-    import uvicorn
-
-    # uvicorn's legacy websockets implementation: its sans-io successor logs a spurious error after
-    # the HTTP 503 denial response that refuses a session when all slots are busy
-    warnings.filterwarnings("ignore", message=".*websockets.* implementation is deprecated")
-    return uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info", ws="websockets",
-                          lifespan="on",
-                          # no permessage-deflate: Opus does not compress, and deflating every
-                          # frame cost both ends CPU (it showed in the host-side profile)
-                          ws_per_message_deflate=False,
-                          # Realtime events carry audio as base64 (4/3 the bytes); a frame up
-                          # to 4x that gets a clear error event, beyond it the socket closes
-                          ws_max_size=4 * (settings.max_message_bytes * 4 // 3 + 4096))
 
 
 def _interrupt(signum, frame) -> None:

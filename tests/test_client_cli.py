@@ -118,23 +118,6 @@ def test_the_wire_clients_need_no_torch():
     assert _heavy_modules_after("".join(f"import {m}\n" for m in modules)) == ""
 
 
-def test_the_client_modules_import_no_circle():
-    """No module of client/ imports, at its top or inside a function, one that imports it back."""
-    import ast
-
-    imports: dict[str, set[str]] = {}
-    for name in _client_modules():
-        tree = ast.parse((CLIENT / f"{name.split('.')[1]}.py").read_text())
-        found = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-        found |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-        imports[name] = {m for m in found if m.startswith("client.")}
-
-    def reaches(start: str, goal: str, seen: set[str]) -> bool:
-        return any(m == goal or (m not in seen and reaches(m, goal, seen | {m})) for m in imports.get(start, ()))
-
-    assert [m for m in imports if reaches(m, m, set())] == []
-
-
 def test_the_command_line_starts_without_loading_models():
     """`kame --help` and every subcommand's parser are built without torch (lazy imports)."""
     assert _heavy_modules_after("from kame.cli import build_parser\nbuild_parser()") == ""

@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from server.doctor.check import Check, count, size
-from server.doctor.sessions import MOSHI_DEP_Q
 
 if TYPE_CHECKING:
     from kame.frontend.loader import SourceReport
     from server.settings import ServerSettings
 
 NOT_IN_CACHE = "not in the cache: kame serve will download it"
+MOSHI_DEP_Q = 8  # moshi's LMModel default, for a config that leaves dep_q out
 
 
 class Hub:

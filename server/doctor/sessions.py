@@ -9,15 +9,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from server.doctor.check import Check, gb, size
+from server.doctor.models import MOSHI_DEP_Q, Probe
 
 if TYPE_CHECKING:
     from kame.frontend.loader import SourceReport
     from server.doctor.machine import Machine
-    from server.doctor.models import Probe
     from server.settings import ServerSettings
 
 USABLE_FRACTION = 0.9  # of free memory: the rest is left to activations, Mimi, the CUDA context, fragmentation
-MOSHI_DEP_Q = 8  # moshi's LMModel default, for a config that leaves dep_q out
 
 
 @dataclass(frozen=True)
