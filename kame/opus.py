@@ -1,6 +1,7 @@
 """libopus called directly (ctypes), for the WebRTC paths' per-packet coding: one call a packet, at the
 session's own 24 kHz, mono. Through PyAV a peer's packet went through FFmpeg's wrapper, which decodes
-only at 48 kHz stereo (downmixed and halved afterwards): ~3.5x the decoding's cost (docs/benchmarks.md);
+only at 48 kHz stereo (downmixed and halved afterwards): ~3.5x the decoding's cost (docs/benchmarks-history.md,
+"libopus called directly");
 encoding costs about the same either way. ctypes lets go of the GIL for each call.
 
 The library is the system's libopus, else the copy PyAV's wheel carries; `library()` is None where
@@ -25,7 +26,9 @@ _SIGNAL_VOICE = 3001
 MAX_PACKET_MS = 120  # the longest an Opus packet lasts
 MAX_PACKET_BYTES = 1500  # an RTP payload that fits one datagram
 # the server's defaults for WebRTC ([realtime] webrtc_opus_complexity, webrtc_uplink_ptime_ms):
-VOICE_COMPLEXITY = 5  # libopus's effort on the assistant's voice: 0.53-0.66 of 10's CPU (docs/benchmarks.md)
+# libopus's effort on the assistant's voice: 5 costs 0.53-0.66 of 10's CPU
+# (docs/benchmarks-history.md, "libopus called directly")
+VOICE_COMPLEXITY = 5
 PEER_PTIME_MS = 40  # the packets a peer is asked for (a=ptime): half 20 ms's per-packet work, ~10 ms more delay
 
 

@@ -1,5 +1,5 @@
 """What a session costs on a server with many slots: the engine step and the round trip of a few sessions
-on servers of different sizes, side by side in one run (docs/benchmarks.md, "Capacity").
+on servers of different sizes, side by side in one run (docs/benchmarks-history.md, "Capacity").
 
     python scripts/bench_capacity.py engine [--frontend tiny] [--device cpu] [--slots 1,16] [--sessions 1]
                                             [--frames 200] [--rounds 3] [--json-out FILE]

@@ -1,6 +1,6 @@
 """The same benchmarks of this tree under two Python environments, alternated in one run: what a
-dependency upgrade (torch 2.9.1 -> 2.15.0, docs/benchmarks.md) did to the engine step and to the server
-under load, with this VM's drift within a sitting shown by the rounds.
+dependency upgrade (torch 2.9.1 -> 2.15.0, docs/benchmarks-history.md, "torch 2.9.1 against 2.15.0") did to
+the engine step and to the server under load, with this VM's drift within a sitting shown by the rounds.
 
     python scripts/bench_envs.py torch-2.9.1=/tmp/venv-torch291/bin/python torch-2.15.0=.venv/bin/python
 

@@ -1,4 +1,5 @@
-"""Where one engine step's time goes, at the batch sizes that matter for capacity (docs/benchmarks.md, "Capacity").
+"""Where one engine step's time goes, at the batch sizes that matter for capacity (docs/benchmarks.md, "GPU":
+the capacity set, not run yet).
 
     python scripts/profile_step.py [--frontend moshi-7b-random] [--device cuda] [--batches 64,128]
                                    [--kv-cache int8] [--steps 20] [--json-out FILE]

@@ -3,7 +3,7 @@
 sphn's Opus binding holds the GIL while it works: about 0.9 ms to encode one 80 ms frame here
 (it resamples to 48 kHz first). On one thread, at 64 sessions, the server's GIL was held in 56 % of
 py-spy's samples, 60 % of those in the encode, and at 32 the event loop lagged up to 160 ms
-(docs/benchmarks.md, "The host side"). In a child process that time is the child's. A stream
+(docs/benchmarks-history.md, "The host side"). In a child process that time is the child's. A stream
 lives in one child (streams are spread over `processes` by id), so its packets stay in order; the
 parent only sends a frame's bytes (7.7 KB of PCM) there and gets the packet back.
 

@@ -212,7 +212,7 @@ class ServerSettings(BaseSettings):
 
     def resolved_codec_processes(self, slots: int) -> int:
         """Opus processes: as set, else one per 32 engine slots (64 sessions' Opus took ~0.55 of a core in
-        all on this project's CPU: docs/benchmarks.md, "The host side")."""
+        all on this project's CPU: docs/benchmarks-history.md, "The host side")."""
         return self.codec_processes or max(1, -(-slots // 32))
 
     def planner_config(self) -> PlannerConfig:

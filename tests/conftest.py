@@ -9,8 +9,8 @@ import uuid
 
 # One torch thread per test process, and for the processes the tests start: the tiny models here train
 # and step as fast on one thread as on two (test_training's run: 59 s on one, 65 s on two with twice the
-# CPU), and on a shared machine two OpenMP threads spin waiting for a core (docs/benchmarks.md: 10x
-# slower). Set before torch is imported.
+# CPU), and on a shared machine two OpenMP threads spin waiting for a core (docs/benchmarks-history.md,
+# "Training a tiny model on a shared CPU": 10x slower). Set before torch is imported.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np

@@ -432,8 +432,8 @@ def first_packets(out: list[tuple[float, object, list[int]]]) -> dict[int, float
 def test_frames_that_come_early_go_out_on_the_schedule_not_with_the_engines_jitter():
     """After the first frame sets the schedule's phase, frames that keep coming up to 8 ms early (an
     engine's step-to-step jitter) go out on the schedule, a packet time apart, with their RTP timestamps:
-    the listener's jitter buffer is not handed the jitter (docs/benchmarks.md: sending each frame as it
-    came shortened the bench's round trip by what the listener would then hold)."""
+    the listener's jitter buffer is not handed the jitter (docs/benchmarks-history.md, "three trials that did
+    not land": sending each frame as it came shortened the bench's round trip by what the listener would then hold)."""
     base = time.monotonic() + 1000.0  # ahead of the real clock, which the track reads beside `now`
     arrivals = [base + 0.025 + 0.080 * k - early for k, early in enumerate([0, 0.006, 0.003, 0.008, 0.002, 0.005])]
     out = pace_by_hand(arrivals, base)

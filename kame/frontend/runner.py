@@ -90,7 +90,8 @@ class EngineRunner:
             raise ValueError("frame_s must be > 0, jitter_frames >= 0 (or None) and max_pending_frames >= 1")
         self.engine = engine
         # intra-op threads of the engine thread; on a CPU, OpenMP teams started from a non-main
-        # thread cost more than they give for small models (docs/benchmarks.md): 1 is best there
+        # thread cost more than they give for small models (docs/benchmarks-history.md, "the engine thread
+        # and OpenMP"): 1 is best there
         self.torch_threads = torch_threads
         self.on_step = on_step  # (seconds, batch size) after each step, on the engine thread
         self.after_step: Callable[[], None] | None = None  # once a step's outputs are all handed out (a host's flush)
