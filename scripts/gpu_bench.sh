@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU benchmark in one command (about 9 minutes on one H200), inside a time budget (GPU_BENCH_BUDGET_S, default
 # 540 s: each pass gets what is left, the most valuable first, and the report is written whatever ran).
-# GPU_BENCH_SET=capacity (the default; issue #43) runs the checks only a GPU can make, then the capacity passes:
+# GPU_BENCH_SET=capacity (the default; issue #43) runs the checks only a GPU can make (pass 1 below; docs/gpu.md
+# lists them, each with the CPU test that covers its logic), then the capacity passes:
 #  C1 capacity: kame serve of 128 slots (KV cache auto: int8 where bf16 does not fit) with 2 front processes,
 #     under 32/64/96/128 real-time sessions from 8 load processes: frames back, round trip p50/p99, engine
 #     step, the server's cores (fronts, engine and codec processes), GPU memory (nvidia-smi's peak);
@@ -14,8 +15,9 @@
 #  C6 one-of-many: the whole server's round trip for one session on 128 slots against 1 slot;
 #  C7 long: one slot for 6000 frames (past the 3000-frame context): step time early and late, peak memory.
 # GPU_BENCH_SET=all: the earlier passes instead (measured 2026-12-04, docs/benchmarks.md "GPU"):
-#  1. the checks only a GPU can make (tests/test_gpu.py: CUDA graphs with per-session sampling, int8, a
-#     Kyutai-layout checkpoint read onto CUDA);
+#  1. the checks only a GPU can make (`pytest -m gpu`: tests/test_gpu.py, CUDA graphs with per-session sampling
+#     and per view size, int8 weights, a Kyutai-layout checkpoint read onto CUDA; tests/test_int8_attention.py,
+#     the Triton int8 attention compiled at Moshi 7B's shapes and inside CUDA graphs);
 #  2. the front-end engine: Moshi 7B architecture (random weights), bf16, CUDA graphs, batch 1/8/32/64;
 #  3. the whole server under load: kame serve on that model, N real-time sessions (1, 8, 32, 64), tick clock;
 #  4. a training smoke run: LoRA on moshi-7b-random for a few steps (scripts/bench_train.py);
@@ -77,9 +79,10 @@ else
     echo "dry run: $MODEL on the CPU" | tee "$OUT/gpu.txt"
 fi
 
-# 1. the checks only a GPU can make (skipped, and said so, on a dry run)
-skip gpu-tests || timeout "$(limit 150)" python3 -m pytest -q -p no:cacheprovider -p no:xdist -m gpu tests/test_gpu.py 2>&1 \
-    | tee "$OUT/gpu-tests.txt" | tail -5 || true
+# 1. the checks only a GPU can make (skipped, and said so, on a dry run). addopts replaced: pyproject's names
+# pytest-xdist's --dist and pytest-timeout's --timeout, which this pass neither uses nor may have installed
+skip gpu-tests || timeout "$(limit 150)" python3 -m pytest -q -p no:cacheprovider -p no:xdist -o addopts=-ra -m gpu \
+    tests/test_gpu.py tests/test_int8_attention.py 2>&1 | tee "$OUT/gpu-tests.txt" | tail -5 || true
 
 PORT=18999
 serve_until_ready() {  # NAME UNTIL SLOTS FLAGS...: kame serve on the model in the background ($SERVER) until

@@ -10,7 +10,7 @@ from moshi.modules.streaming import State, StreamingModule
 
 from kame.frontend.engine import BatchedEngine, GenerationConfig
 from kame.frontend.oracle import OracleUpdate
-from kame.frontend.rows import RowsUnsupported, RowViews, row_buckets
+from kame.frontend.rows import RowsUnsupported, RowViews, SlotRows, row_buckets
 from kame.frontend.sampling import Sampling
 
 from .conftest import noise_frames
@@ -146,10 +146,59 @@ def test_an_unknown_state_is_refused_by_name():
         RowViews([module], 2)
 
 
-def test_view_sizes():
-    assert [row_buckets(16, cuda=False)(n) for n in (0, 1, 5, 16)] == [1, 1, 5, 16]
-    on_cuda = row_buckets(48, cuda=True)
-    assert [on_cuda(n) for n in (1, 2, 3, 5, 9, 17, 33, 48)] == [1, 2, 4, 8, 16, 32, 48, 48]
+CAPTURED = {  # batch size -> the view sizes on CUDA (each with its own graphs): powers of two below it, and it
+    1: [1], 4: [1, 2, 4], 8: [1, 2, 4, 8], 16: [1, 2, 4, 8, 16], 48: [1, 2, 4, 8, 16, 32, 48],
+    64: [1, 2, 4, 8, 16, 32, 64], 100: [1, 2, 4, 8, 16, 32, 64, 100], 128: [1, 2, 4, 8, 16, 32, 64, 128],
+}
+
+
+@pytest.mark.parametrize("cuda", [True, False], ids=["cuda", "cpu"])
+@pytest.mark.parametrize("batch", list(CAPTURED))
+def test_each_count_of_live_rows_steps_the_smallest_view_that_holds_it(batch, cuda):
+    """On CUDA the sizes warm_views captures; on a CPU (no graphs to keep) every size, so n rows step n."""
+    sizes = SlotRows(batch, None, cuda).sizes()
+    assert sizes == (CAPTURED[batch] if cuda else list(range(1, batch + 1)))
+    bucket = row_buckets(batch, cuda)
+    for live in range(1, batch + 1):  # the smallest size >= live: a size, within the batch, holding the rows
+        assert bucket(live) == min(size for size in sizes if size >= live), live
+    assert bucket(0) == 1  # no live row: still a view of one
+
+
+class _RecordingViews:
+    """What SlotRows asks of RowViews, recorded."""
+
+    def __init__(self) -> None:
+        self.installed: list[int] = []
+        self.moves: list[tuple[int, int]] = []
+
+    def install(self, n: int) -> None:
+        self.installed.append(n)
+
+    def move_row(self, source: int, target: int) -> None:
+        self.moves.append((source, target))
+
+    def sync(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("cuda", [True, False], ids=["cuda", "cpu"])
+def test_slot_rows_install_the_bucket_of_the_live_rows(cuda):
+    """Sessions join one by one, then leave from the middle: the live rows stay the first ones, and each
+    view installed is the bucket of their count (or of a row asked for past them, as a reset asks)."""
+    views, batch = _RecordingViews(), 16
+    rows, bucket = SlotRows(batch, views, cuda), row_buckets(batch, cuda)
+    slots = [100 + i for i in range(batch)]  # slots are names, not rows
+    for count, slot in enumerate(slots, start=1):
+        assert rows.take(slot) == count - 1
+        assert rows.view_size() == rows.view() == bucket(count) and views.installed[-1] == bucket(count)
+    live = list(slots)
+    for slot in slots[3:12]:
+        rows.release(slot)
+        live.remove(slot)
+        assert sorted(rows.row(s) for s in live) == list(range(len(live))) and rows.live == len(live)
+        assert rows.view_size() == rows.view() == bucket(rows.live) and views.installed[-1] == bucket(rows.live)
+    assert views.moves[0] == (15, 3)  # the last row filled the first hole
+    assert rows.live == 7 and rows.view(9) == bucket(9) == (16 if cuda else 9)
 
 
 def test_a_move_copies_every_row_state(tiny):
