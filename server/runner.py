@@ -68,7 +68,8 @@ class Link(Protocol):
         """Returns once messages can be sent (at once for a WebSocket)."""
 
     async def receive(self) -> Message:
-        """The client's next message; Disconnected when it has gone."""
+        """The client's next message; Disconnected when it has gone; ProtocolError for one it dropped
+        unread (a WebRTC data channel's message past the announced size)."""
 
     async def send(self, message: Message) -> None:
         """Disconnected when the client has gone."""
@@ -227,11 +228,11 @@ class SessionRunner:
     async def _receive(self, carrier: Carrier) -> None:
         flood = _Flood(self.settings.max_messages_per_s, self.clock)
         while True:
-            message = await self.link.receive()
-            self._last_message = self.clock.now()
-            if flood.over():
-                raise Limit(1008, f"more than {self.settings.max_messages_per_s:.0f} messages/s for 5 s")
             try:
+                message = await self.link.receive()  # (ProtocolError: one the link refused unread)
+                self._last_message = self.clock.now()
+                if flood.over():
+                    raise Limit(1008, f"more than {self.settings.max_messages_per_s:.0f} messages/s for 5 s")
                 await carrier.on_message(message)
             except (ProtocolError, SessionError) as exc:
                 self.services.metrics.protocol_errors.inc()

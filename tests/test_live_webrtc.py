@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import fractions
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -272,6 +273,38 @@ def test_one_slot_per_peer_connection_given_back_when_the_peer_goes(guarded_serv
 
     busy = asyncio.run(go())
     assert busy.status_code == 503 and busy.json()["error"]["code"] == "server_busy"
+    wait_until_all_slots_free(services, 15)
+
+
+@pytest.mark.slow
+def test_a_data_channel_message_past_the_announced_size_is_dropped_as_it_comes(guarded_server):
+    """A client that ignores the answer's a=max-message-size sends a 12 MB event: the server's SCTP drops it
+    as its fragments pass the size (aiortc alone held all 12 MB, rescanning them as each fragment came: 33 s
+    of the loop before it could be refused), the client gets an error naming the size, and the session goes on."""
+    url, services = guarded_server
+    body = {"session": {"model": "gpt-live-1"}}
+
+    async def go():
+        peer = Peer(np.zeros(24000, np.float32))
+        try:
+            reply = await _post(url, body | {"transport": {"type": "webrtc", "sdp": await peer.offer()}})
+            assert reply.status_code == 200, reply.text
+            answer = reply.json()["transport"]["sdp"]
+            size = int(re.search(r"a=max-message-size:(\d+)", answer)[1])
+            await peer.answer(answer.replace(f"a=max-message-size:{size}", "a=max-message-size:0"))  # ignored
+            await peer.wait_for(lambda: peer.of("session.started"), 15, "session.started")
+            peer.send({"type": "session.update", "session": {"instructions": "x" * 12_000_000}})
+            await peer.wait_for(lambda: peer.of("error"), 30, "error")
+            peer.send({"type": "session.input_audio.mute"})
+            await peer.wait_for(lambda: peer.of("session.input_audio.muted"), 60, "session.input_audio.muted")
+        finally:
+            await peer.close()
+        return size, peer
+
+    size, peer = asyncio.run(go())
+    (error,) = peer.of("error")
+    assert error["error"]["code"] == "event_too_large" and f"over {size} bytes" in error["error"]["message"]
+    assert not peer.of("session.updated") and not peer.of("session.closed")
     wait_until_all_slots_free(services, 15)
 
 

@@ -20,6 +20,7 @@ from kame.pcm import Resampler
 from kame.rtc import OpusInput, receive_opus, send_cheaply, with_ptime
 from server.live.assistant_track import AssistantTrack
 from server.live.client_events import LiveError
+from server.live.sctp_bound import bound_messages
 from server.runner import CLOSE_LIMIT_S, Disconnected, Message
 
 logger = logging.getLogger(__name__)
@@ -62,11 +63,12 @@ class WebRTCLink:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # host candidates: no STUN round trip
         self.track = AssistantTrack(complexity=complexity)
         self.hear: Callable[[np.ndarray], None] | None = None  # the user's audio, 24 kHz float32 mono
-        self._inbox: asyncio.Queue[Message | None] = asyncio.Queue()  # None: the peer has gone
+        self._inbox: asyncio.Queue[Message | LiveError | None] = asyncio.Queue()  # None: the peer has gone
         self._channel = None
         self._channel_open = asyncio.Event()
         self._remote: MediaStreamTrack | None = None
         self._opus: OpusInput | None = None  # the user's audio, decoded as it arrives (`answer`)
+        self._max_message: int | None = None  # what SCTP takes of one message (`answer`); None: aiortc's whole
         self._pc_closing: asyncio.Task | None = None
         self._ptime_ms = ptime_ms
 
@@ -84,6 +86,7 @@ class WebRTCLink:
         kinds = {t.kind for t in self.pc.getTransceivers()}
         if "audio" not in kinds or self.pc.sctp is None:
             raise LiveError("invalid_sdp", "The offer needs one audio track and a data channel.", "transport.sdp")
+        self._max_message = bound_messages(self.pc.sctp, self._on_refused)
         audio = next(t for t in self.pc.getTransceivers() if t.kind == "audio")
         for transceiver in self.pc.getTransceivers():
             if transceiver is not audio:
@@ -107,6 +110,8 @@ class WebRTCLink:
         message = await self._inbox.get()
         if message is None:
             raise Disconnected
+        if isinstance(message, LiveError):  # one refused unread (`_on_refused`): the session goes on
+            raise message
         return message
 
     async def send(self, message: Message) -> None:
@@ -165,6 +170,16 @@ class WebRTCLink:
             self._channel_open.set()
         else:
             channel.on("open", self._channel_open.set)
+
+    def _on_refused(self, stream_id: int, held: int) -> None:
+        """SCTP dropped a message past the size the answer announced as it came (`sctp_bound`); on the
+        events channel, the session is told in its turn, after the messages before it."""
+        logger.info("session %s: a message on SCTP stream %d dropped at %d bytes (max %s)", self.name, stream_id,
+                    held, self._max_message)
+        if self._channel is not None and self._channel.id == stream_id:
+            self._inbox.put_nowait(LiveError(
+                "event_too_large", f"A data channel message over {self._max_message} bytes (the answer's "
+                "a=max-message-size) was dropped unread."))
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind == "audio" and self._remote is None:
