@@ -649,6 +649,29 @@ def test_an_utterance_that_ends_as_a_backchannel_leaves_the_next_one_whole():
     assert "".join(d["delta"] for d in deltas) == "What time is it?"
 
 
+def test_an_announced_utterance_that_ends_as_a_backchannel_is_stopped_and_deleted():
+    """"I" settled, then the final "I see." is a backchannel: the item speech_started announced (its "I" delta
+    under its id) never comes. The client sees its speech_stopped, then conversation.item.deleted, and no
+    commit, then or later (every event as the openai SDK's types take it)."""
+    from openai.types.realtime import RealtimeServerEvent
+    from pydantic import TypeAdapter
+
+    rig = Rig()
+    rig.events()
+    rig.mapping.on_session(Transcript(False, "I", 0.5, 0.9, 0.1, settled=True), rig.now)
+    rig.now += 0.6
+    rig.mapping.on_session(Transcript(True, "I see.", 0.5, 1.4, 0.1, backchannel=True), rig.now)
+    rig.wait(5.0)
+    events = [e for e in rig.events() if not e["type"].startswith("response.")]
+    for event in events:
+        TypeAdapter(RealtimeServerEvent).validate_python(event)
+    item = events[0]["item_id"]
+    assert [(e["type"], e["item_id"]) for e in events] == [
+        ("input_audio_buffer.speech_started", item), ("conversation.item.input_audio_transcription.delta", item),
+        ("input_audio_buffer.speech_stopped", item), ("conversation.item.deleted", item)]
+    assert events[2]["audio_end_ms"] == 1400
+
+
 def test_push_to_talk_utterances_before_the_commit_are_one_items_deltas():
     rig = Rig()
     rig.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}}})

@@ -54,6 +54,7 @@ class UserItem:
     start_ms: int
     words: StableWords = field(default_factory=StableWords)  # its transcription deltas: words that will not change
     committed: bool = False  # the client committed it (turn_detection null): an item once its final comes
+    announced: bool = False  # speech_started named it: speech_stopped will, whatever comes of it
     done: bool = False  # its item was sent
 
 
@@ -78,6 +79,7 @@ class UserTurns:
         elif self.current is None:
             started = self.current = UserItem(new_id("item"), int(event.start_s * 1000))
             if detecting:
+                started.announced = True
                 self.outbox.emit("input_audio_buffer.speech_started", audio_start_ms=started.start_ms,
                                  item_id=started.id)
         user = self.current
@@ -96,12 +98,20 @@ class UserTurns:
             self.uncommitted.append((user, event))  # the client commits by hand (input_audio_buffer.commit)
         return started
 
-    def dropped(self) -> None:
-        """The utterance in progress ended as a backchannel: no item of it (its first words may have gone out
-        as deltas, settled before the rest showed it was one); the next utterance starts a new one."""
-        if self.current is not None and not self.current.committed:
-            self.current.words.drop()
-            self.current = None
+    def dropped(self, final: Transcript) -> None:
+        """The utterance in progress ended as a backchannel (`final`): no item of it (its first words may have
+        gone out as deltas, settled before the rest showed it was one); the next utterance starts a new one.
+        An item speech_started announced is closed as the protocol closes one: speech_stopped, then
+        `conversation.item.deleted` for the item that will not come (deltas under its id go with it)."""
+        user = self.current
+        if user is None or user.committed:
+            return
+        user.words.drop()
+        self.current = None
+        if user.announced:
+            self.outbox.emit("input_audio_buffer.speech_stopped", audio_end_ms=int(final.end_s * 1000),
+                             item_id=user.id)
+            self.outbox.emit("conversation.item.deleted", item_id=user.id)
 
     def _delta(self, user: UserItem, delta: str, transcribing: bool) -> None:
         if delta and transcribing:

@@ -106,7 +106,7 @@ class RealtimeMapping:
             self.speech.text(event.frame, event.text, now)
         elif isinstance(event, Transcript):
             if event.backchannel and event.final:
-                self.user.dropped()
+                self.user.dropped(event)
             if not event.backchannel:  # "mm-hm" while the assistant speaks: no user turn, no barge-in
                 started = self.user.heard(event, self.config.turn_detection is not None, self._transcribing)
                 if started is not None and self.config.interrupts:
