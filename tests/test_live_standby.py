@@ -67,7 +67,8 @@ def test_an_idle_session_pauses_stops_pushing_and_wakes_with_what_it_kept():
     assert rig.mapping.wake_at() == rig.mapping._next_usage  # only the usage report is due
     rig.mapping.wake(rig.now)
     assert rig.types() == ["session.resumed"] and not rig.mapping.paused
-    assert pushed(rig) == pytest.approx(PREROLL_S * 24000, abs=1920)  # the last 0.6 s heard, pushed at once
+    kept_s = pushed(rig) / 24000
+    assert kept_s == pytest.approx(PREROLL_S, abs=0.08)  # the last 0.6 s heard, pushed at once
     talk(rig, 5)
     assert pushed(rig) == 5 * 1920  # no silence fed to "catch up" on the pause: the clock stood still
     rig.now += 0.5
@@ -75,7 +76,8 @@ def test_an_idle_session_pauses_stops_pushing_and_wakes_with_what_it_kept():
     closed = [e for e in rig.events() if e["type"] == "session.closed"][0]
     usage = closed["usage"]
     assert usage["seconds"] == usage["active_seconds"] + usage["paused_seconds"]
-    assert usage["paused_seconds"] == int(rig.now - paused_at - 0.9)  # woken 0.9 s (talk + 0.5) before the close
+    # woken 0.9 s (talk + 0.5) before the close; what it kept was heard, not paused
+    assert usage["paused_seconds"] == int(rig.now - paused_at - 0.9 - kept_s)
 
 
 def test_the_clock_stays_on_time_across_pauses_and_wakes():
@@ -93,6 +95,26 @@ def test_the_clock_stays_on_time_across_pauses_and_wakes():
     for _ in range(12):  # the track stalls ~1 s
         rig.time(0.08)
     assert pushed(rig) >= 0.6 * 24000
+
+
+def test_the_usage_counts_paused_time_as_the_clock_does():
+    """The usage report's paused seconds are the time the session's audio clock stood still: the wall time
+    less the audio heard. The 0.6 s kept before each wake is heard (it was counted paused too: three wakes
+    put the report's paused time ~1.9 s over the clock's)."""
+    rig = webrtc_rig(idle_timeout_s=2)
+    start, heard = rig.now, 0
+    for _ in range(3):
+        talk(rig, 30)  # paused at 2 s
+        talk(rig, 20)
+        rig.mapping.wake(rig.now)
+        talk(rig, 1)
+        heard += pushed(rig)
+    rig.send(type="session.close")
+    usage = next(e for e in rig.events() if e["type"] == "session.closed")["usage"]
+    stood_still = rig.now - start - heard / 24000
+    assert stood_still == pytest.approx(3 * (2.0 - PREROLL_S), abs=0.3)
+    assert abs(usage["paused_seconds"] - stood_still) < 1  # whole seconds
+    assert usage["seconds"] == usage["active_seconds"] + usage["paused_seconds"]
 
 
 def test_what_a_sideband_reflects_is_the_audio_as_it_came_muted_or_paused():

@@ -93,7 +93,6 @@ class LiveMapping:
         self.responses = ResponsesEvents(self.outbox, self.delegated, facts.tool_timeout_s)
         self.decisions = Decisions(self.outbox)
         self.standby: Standby | None = None  # WebRTC's idle pause, where the POST asked for one
-        self._paused_total = 0.0  # time the session spent paused: the audio clock stood still
         self._gate = SilenceGate(facts.zero_silence_s) if facts.zero_silence_s else None
 
     def take(self) -> list[Action]:
@@ -173,9 +172,7 @@ class LiveMapping:
         goes to the session (the front-end and the ASR hear the first words)."""
         if not self.paused or self.closed:
             return
-        paused_for, kept = self.standby.resume(now)
-        # the audio kept was heard while paused: pushed now, it counts as heard, not as paused time
-        self._paused_total += max(0.0, paused_for - len(kept) / SAMPLE_RATE)
+        kept = self.standby.resume(now)  # pushed now, it counts as heard, not as paused time
         self.outbox.emit("session.resumed")
         if len(kept):
             self._push(kept)
@@ -218,8 +215,10 @@ class LiveMapping:
                 self.outbox.call(Commentary(delegation_id, ACKNOWLEDGEMENT))
 
     def _clock(self) -> float:
-        """When the audio heard so far ends, on the wall clock (the start, the pauses, the audio)."""
-        return self._started_at + self._paused_total + self._pushed_s
+        """When the audio heard so far ends, on the wall clock (the start, the pauses, the audio): the pauses
+        as the usage report counts them (`Standby.paused_s`), while the audio clock stood still."""
+        paused = self.standby.paused_s if self.standby is not None else 0.0
+        return self._started_at + paused + self._pushed_s
 
     def _silence_at(self) -> float:
         return self._clock() + SILENCE_SLACK_S

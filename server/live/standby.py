@@ -29,7 +29,7 @@ class Standby:
     vad_threshold: float
     last_activity: float
     paused_since: float | None = None
-    paused_s: float = 0.0  # finished pauses
+    paused_s: float = 0.0  # finished pauses, less the audio each wake kept (heard: `resume`)
     preroll: collections.deque[np.ndarray] = field(default_factory=collections.deque)
 
     @property
@@ -54,18 +54,19 @@ class Standby:
         while sum(map(len, self.preroll)) - len(self.preroll[0]) >= PREROLL_S * SAMPLE_RATE:
             self.preroll.popleft()
 
-    def resume(self, now: float) -> tuple[float, np.ndarray]:
-        """(how long the pause was, the audio kept)."""
-        paused_for = max(0.0, now - self.paused_since)
-        self.paused_s += paused_for
+    def resume(self, now: float) -> np.ndarray:
+        """The audio kept, for the session to hear now: it counts as heard, not as paused time (the
+        session's clock and the usage report both read `paused_s`)."""
+        kept = np.concatenate(list(self.preroll)) if self.preroll else np.zeros(0, np.float32)
+        self.paused_s += max(0.0, now - self.paused_since - len(kept) / SAMPLE_RATE)
         self.paused_since = None
         self.last_activity = now
-        kept = np.concatenate(list(self.preroll)) if self.preroll else np.zeros(0, np.float32)
         self.preroll.clear()
-        return paused_for, kept
+        return kept
 
     def usage(self, seconds: int, now: float) -> dict:
-        """`session.usage.updated`'s breakdown of `seconds`: paused whole seconds, the rest active."""
+        """`session.usage.updated`'s breakdown of `seconds`: paused whole seconds, the rest active (a pause
+        in progress counts whole: what it keeps is heard only if the user wakes it)."""
         paused = int(self.paused_s + (now - self.paused_since if self.paused else 0.0))
         paused = min(paused, seconds)
         return {"active_seconds": seconds - paused, "paused_seconds": paused}
