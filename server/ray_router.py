@@ -4,16 +4,30 @@ Serve's default router ("power of two choices") compares two random replicas by 
 caches, and the cache lags for seconds after sessions end: it could send a session to a full
 replica while another had room, where the session was refused busy. Sessions are few and long,
 so this router can afford to ask every replica for its live count of ongoing requests (one small
-RPC each, answered by the replica at once) each time it places one. It also keeps its own count
-of what it sent each replica: from the moment it ranks a replica first (before the request even
-reaches it) until the replica turns the request down or the request ends. A replica's load is the
-larger of the two: its own count is exact for this router's requests, sent or held, so sessions
-arriving together spread out; the live count adds what other routers (other nodes' proxies) sent.
-Adding the two instead counted a request twice once the replica held it, and a burst of sessions
-opened just as a cluster became ready was refused although a replica had room.
+RPC each, answered by the replica at once) each time it places one.
 
-Ranking, not filtering: a replica whose slots are all taken stays last in the order, so when every
-replica is full the session still reaches one, whose app refuses it with its own 503 at once.
+It also keeps its own count, per request: a request is *bound* to the replica this router chose
+for it, from that moment (before the request even reaches the replica) until the replica took it
+(then it is *held* there until it ends), or the request was chosen a replica again (a retry), or
+it ended. A replica's load is the larger of its live count and this router's count: this router's
+count is exact for what it sent, so sessions arriving together spread out; the live count adds what
+other routers (other nodes' proxies) sent.
+
+Two things in Serve 2.60's routing (ray/serve/_private/request_router/request_router.py) decide how
+this must be built, and each put three sessions of a burst of four on one replica of two, the third
+refused busy while the other replica had a free slot:
+- With `FIFOMixin`, the replica a routing task chose goes to the oldest request waiting, not to the
+  request it was chosen for; that request's task then goes on to the next replica of its ranking, a
+  choice this router never counted. Without the mixin, Serve gives a task's choice to that task's
+  own request (matched by its internal id), so a binding names the replica its request goes to.
+- Serve checks a chosen replica against its own cache of queue lengths and, where that has no fresh
+  entry, probes it again with a 0.1 s deadline; on a loaded machine that runs out and Serve moves on
+  to the next replica ranked. So only one replica is offered per ranking (a failed check ranks
+  again, rebinding the request), and the load this router chose it by goes into Serve's cache, as
+  Serve's own probe's answer does, so the check reads it instead of probing again.
+
+Ranking, not filtering: when every replica is full the session still goes to one (the least
+loaded), whose app refuses it with its own 503 at once, never a wait in Serve's queue.
 
 It runs inside Serve's proxy (and any deployment handle), so it imports nothing of the project.
 """
@@ -24,10 +38,9 @@ import asyncio
 import contextlib
 import random
 import time
-from collections import deque
+from collections import Counter
 
 from ray.serve.request_router import (
-    FIFOMixin,
     PendingRequest,
     ReplicaID,
     ReplicaResult,
@@ -36,88 +49,100 @@ from ray.serve.request_router import (
 )
 
 PROBE_DEADLINE_S = 1.0  # a replica that does not answer this fast is ranked by this router's own count
-FORGET_S = 10.0  # a placement its replica has not answered this long is forgotten (an answer lost); a
-# loaded machine's replica may take seconds to answer, and a placement forgotten before then no longer
-# spreads a burst
+FORGET_S = 30.0  # a binding whose request was neither taken nor ended this long is forgotten (its routing
+# was cancelled: the client went away); well beyond a loaded replica's answer, which can take seconds
 
 
-class Placements:
-    """This router's requests on one replica: placed (ranked first, the replica's answer not back
-    yet) and held (the replica took them; they have not ended)."""
+class Bookings:
+    """This router's requests by replica: bound (chosen for a request that has not reached it, or whose
+    answer is not back) and held (the replica took them; they have not ended)."""
 
     def __init__(self, forget_s: float = FORGET_S) -> None:
         self.forget_s = forget_s
-        self._unanswered: deque[float] = deque()  # when each was placed, oldest first
-        self.held = 0
+        self._bound: dict[str, tuple[ReplicaID, float]] = {}  # request id -> (replica, when chosen)
+        self._held: dict[ReplicaID, set[str]] = {}  # replica -> the ids of the requests it holds
 
-    def placed(self, now: float) -> None:
-        self._unanswered.append(now)
+    def bind(self, request: str, replica: ReplicaID, now: float) -> None:
+        """The replica chosen for the request (again: its earlier choice no longer counts)."""
+        self._bound[request] = (replica, now)
 
-    def answered(self) -> None:
-        """The replica took or turned down the oldest placement (a taken one is `took` next)."""
-        if self._unanswered:
-            self._unanswered.popleft()
+    def took(self, request: str, replica: ReplicaID) -> None:
+        self._bound.pop(request, None)
+        self._held.setdefault(replica, set()).add(request)
 
-    def took(self) -> None:
-        self.held += 1
+    def ended(self, request: str, replica: ReplicaID) -> None:
+        """The request ended on the replica (or was sent there and turned down): a binding to another
+        replica, made by a retry meanwhile, stays."""
+        if self._bound.get(request, (None,))[0] == replica:
+            del self._bound[request]
+        self._held.get(replica, set()).discard(request)
 
-    def ended(self) -> None:
-        self.held = max(0, self.held - 1)
+    def forget(self, replica: ReplicaID) -> None:
+        """A replica that died: nothing it was given counts any more."""
+        self._held.pop(replica, None)
+        for request in [r for r, (bound, _) in self._bound.items() if bound == replica]:
+            del self._bound[request]
 
-    def count(self, now: float) -> int:
-        while self._unanswered and now - self._unanswered[0] > self.forget_s:
-            self._unanswered.popleft()
-        return len(self._unanswered) + self.held
+    def counts(self, now: float, leave_out: str | None = None) -> Counter:
+        """Each replica's bound and held requests (less `leave_out`, the request being placed)."""
+        for request in [r for r, (_, when) in self._bound.items() if now - when > self.forget_s]:
+            del self._bound[request]
+        counts = Counter({replica: len(held) for replica, held in self._held.items()})
+        counts.update(replica for request, (replica, _) in self._bound.items() if request != leave_out)
+        return counts
 
 
-class FewestSessionsRouter(FIFOMixin, RequestRouter):
-    """Ranks every replica by the larger of its live ongoing requests and this router's own count."""
+class FewestSessionsRouter(RequestRouter):
+    """Offers the replica with the least load: the larger of its live ongoing requests and this router's
+    own count of what it sent there."""
 
     def initialize_state(self, forget_s: float = FORGET_S, probe_deadline_s: float = PROBE_DEADLINE_S,
                          **_: object) -> None:
-        self.forget_s, self.probe_deadline_s = forget_s, probe_deadline_s
-        self._placements: dict[ReplicaID, Placements] = {}
+        self.probe_deadline_s = probe_deadline_s
+        self.bookings = Bookings(forget_s)
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
-        counts = await asyncio.gather(*(self._ongoing(r) for r in candidate_replicas))
-        now = time.monotonic()
+        live = await asyncio.gather(*(self._ongoing(r) for r in candidate_replicas))
+        # no await from here to Serve's check of the replica offered: requests ranked together see each other
+        now, request = time.monotonic(), _request_id(pending_request)
+        own = self.bookings.counts(now, leave_out=request)
         # a replica that did not answer in time is ranked by this router's own count (exact for what this
-        # proxy sent it), after one that answered with as few: on a loaded machine a probe runs out of time
-        # now and then, and ranking such a replica after every one that answered put a burst of sessions on
-        # a full replica while the silent one had room (refused busy). A replica that died is not lost
-        # time: Serve retries the request elsewhere (ActorDiedError) and drops it from the candidates.
-        load = {}
-        for replica, count in zip(candidate_replicas, counts, strict=True):
-            own = self._of(replica.replica_id).count(now)
-            load[replica.replica_id] = (own, True) if count is None else (max(count, own), False)
-        ranked = sorted(candidate_replicas, key=lambda r: (*load[r.replica_id], random.random()))
-        # counted at once (no await between here and the next ranking's reading of it): requests
-        # ranked together see each other
-        self._of(ranked[0].replica_id).placed(now)
-        return [[r] for r in ranked]
-
-    def on_new_queue_len_info(self, replica_id: ReplicaID, queue_len_info) -> None:
-        """The replica's answer to a request sent to it (taken or turned down)."""
-        self._of(replica_id).answered()
-        super().on_new_queue_len_info(replica_id, queue_len_info)
+        # proxy sent it), after one that answered with as few. A replica that died is not lost time: Serve
+        # retries the request elsewhere (ActorDiedError) and drops it from the candidates.
+        load = {r.replica_id: (own[r.replica_id], True) if count is None else (max(count, own[r.replica_id]), False)
+                for r, count in zip(candidate_replicas, live, strict=True)}
+        best = min(candidate_replicas, key=lambda r: (*load[r.replica_id], random.random()))
+        if request is not None:
+            self.bookings.bind(request, best.replica_id, now)
+            # a round whose replica Serve finds at its limit (every slot and the headroom in use) waits Serve's
+            # backoff before the next, rather than probing every replica again at once, round after round
+            pending_request.routing_context.should_backoff = True
+        # the load it was chosen by goes into Serve's cache, as Serve's own probe's answer would: Serve's check
+        # of the replica reads it instead of probing again (a replica silent to this probe is silent to that)
+        self.replica_queue_len_cache.update(best.replica_id, load[best.replica_id][0])
+        return [[best]]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: ReplicaResult) -> None:
         """The replica took the request: it is held until it ends (a websocket: until it closes)."""
-        placements = self._of(replica_id)
-        placements.took()
-        result.add_done_callback(_on_loop(asyncio.get_running_loop(), placements.ended))
+        request = _request_id(pending_request)
+        if request is not None:
+            self.bookings.took(request, replica_id)
+            result.add_done_callback(_on_loop(asyncio.get_running_loop(),
+                                              lambda: self.bookings.ended(request, replica_id)))
         super().on_request_routed(pending_request, replica_id, result)
 
-    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
-        self._placements.pop(replica_id, None)
-        super().on_replica_actor_died(replica_id)
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        """Every request sent ends here too, the ones turned down included (Serve cancels them)."""
+        self.bookings.ended(internal_request_id, replica_id)
+        super().on_request_completed(replica_id, internal_request_id)
 
-    def _of(self, replica_id: ReplicaID) -> Placements:
-        return self._placements.setdefault(replica_id, Placements(self.forget_s))
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        self.bookings.forget(replica_id)
+        super().on_replica_actor_died(replica_id)
 
     async def _ongoing(self, replica: RunningReplica) -> int | None:
         """The replica's ongoing requests now; None when it cannot say in time."""
@@ -126,6 +151,11 @@ class FewestSessionsRouter(FIFOMixin, RequestRouter):
                                           self.probe_deadline_s)
         except Exception:  # slow, restarting or gone: ranked by this router's count; Serve retries a dead one
             return None
+
+
+def _request_id(pending_request: PendingRequest | None) -> str | None:
+    """The id Serve matches a routing task's choice to its request by (unique per request)."""
+    return None if pending_request is None else pending_request.metadata.internal_request_id
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop, call) -> object:
