@@ -23,6 +23,7 @@ import asyncio
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from server.metrics import merge_metrics
@@ -247,11 +248,30 @@ def start(settings: ServerSettings, options: RayOptions, cuda: bool) -> None:
     global _registry  # held here: an actor nobody holds a handle to is collected
     _registry = ray.remote(num_cpus=0)(Registry).options(name=REGISTRY, namespace=NAMESPACE,
                                                         get_if_exists=True).remote()
-    serve.start(http_options={"host": settings.host, "port": settings.port})
+    start_proxy(lambda: serve.start(http_options={"host": settings.host, "port": settings.port}))
     run(settings, options, cuda)
     logger.info("ready on Ray Serve: ws://%s:%d/api/chat and /v1/realtime, %s", settings.host, settings.port,
                 f"{options.autoscale[0]}-{options.autoscale[1]} replicas (autoscaling)" if options.autoscale
                 else f"{options.replicas} replicas")
+
+
+def start_proxy(start: Callable[[], object], attempts: int = 3) -> None:
+    """`serve.start`, again when the proxy it waited on was replaced: Serve's controller gives a new proxy
+    RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S (5 s) to say it is ready, then replaces it with one given longer,
+    and `serve.start` was waiting on the first (ActorDiedError: "killed by ray.kill"); on a loaded machine
+    the first can take longer than that to start (seen in a clean-clone test run with a CPU hog beside it).
+    Called again, `serve.start` joins the running controller, whose new proxy is on its way."""
+    from ray.exceptions import RayActorError
+
+    for attempt in range(1, attempts + 1):
+        try:
+            start()
+            return
+        except RayActorError as exc:
+            if attempt == attempts:
+                raise
+            logger.warning("Serve's proxy was replaced while it started (%s); waiting for the next one",
+                           str(exc).splitlines()[0])
 
 
 def run(settings: ServerSettings, options: RayOptions, cuda: bool) -> None:

@@ -64,7 +64,12 @@ class Cluster:
 
     def get(self) -> tuple:
         if self.running is None:
-            self.running = start_cluster()
+            try:
+                self.running = start_cluster()
+            except BaseException:  # what started goes: the next test starts afresh, not onto half a cluster
+                with contextlib.suppress(Exception):
+                    ray_serve.stop(0.0)
+                raise
         return self.running
 
     def stop(self) -> None:

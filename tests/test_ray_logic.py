@@ -398,3 +398,38 @@ def test_a_round_that_finds_every_replica_at_its_limit_waits_before_the_next():
     # Serve's backoff: at once, then 25, 50, 100, 200 ms ... (at most 0.5 s): about 6 rounds in 0.5 s
     assert 2 <= waited <= 10, waited
     assert name == "b"
+
+
+def test_a_proxy_replaced_while_serve_started_is_waited_for():
+    """Serve's controller replaces a proxy slow to say it is ready (5 s, a loaded machine) and `serve.start`,
+    which waited on the first, fails with ActorDiedError: started again, it joins the controller and its new
+    proxy; anything else, or the same three times, is raised."""
+    pytest.importorskip("ray.serve")
+    from ray.exceptions import ActorDiedError
+
+    from server.ray_serve import start_proxy
+
+    calls = []
+
+    def start(failures: int):
+        def attempt():
+            calls.append(1)
+            if len(calls) <= failures:
+                raise ActorDiedError()
+        return attempt
+
+    start_proxy(start(1))
+    assert len(calls) == 2
+    calls.clear()
+    with pytest.raises(ActorDiedError):
+        start_proxy(start(5))
+    assert len(calls) == 3
+    calls.clear()
+
+    def broken():
+        calls.append(1)
+        raise ValueError("not a proxy's death")
+
+    with pytest.raises(ValueError):
+        start_proxy(broken)
+    assert len(calls) == 1
