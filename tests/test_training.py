@@ -36,7 +36,9 @@ KAME = [sys.executable, "-m", "kame.cli"]
 
 
 def env() -> dict:
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
+    # the fault handler names the Python stack of a worker that aborts (a torchrun rank once died at exit with
+    # only "terminate called without an active exception" to show: docs/benchmarks.md, "on a busy machine")
+    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
 
 
 # ------------------------------------------------------------------ augmentation
