@@ -19,6 +19,12 @@ from .server_harness import running_server
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+def skipped(level: dict) -> int:
+    """The input frames the server says it dropped during the level: after an engine step slower than a
+    frame (a busy machine), a live session skips to live by design, and those frames never come back."""
+    return int(level["server_frames_dropped"]["in"])
+
+
 def test_moshi_frames_back_are_matched_past_the_drops_the_server_counts():
     timed: list[tuple[int, float]] = []
     frames = _MoshiFrames(timed)
@@ -44,7 +50,7 @@ def test_bench_load_reports_every_level(tmp_path, capsys):
     assert [level["sessions"] for level in result["levels"]] == [1, 2]
     for level in result["levels"]:
         assert level["refused"] == 0 and level["frames_sent"] >= 2 * 12 * level["sessions"]
-        assert level["frames_dropped"] <= level["sessions"]  # at most the last frame in flight
+        assert level["frames_dropped"] <= level["sessions"] + skipped(level)  # the last frame in flight
         rt = level["round_trip_ms"]
         assert 0 < rt["p50"] <= rt["p95"] <= rt["p99"]
         assert level["engine_step_ms"] > 0 and level["server_rss_mb"] > 100
@@ -66,8 +72,9 @@ def test_bench_load_drives_both_transports_side_by_side(tmp_path, capsys):
     assert [(level["transport"], level["sessions"]) for level in levels] == [("moshi", 2), ("realtime", 2)]
     moshi, realtime = levels
     # the Realtime endpoint sends only speech: all but the first frames (before the model's audio is ready)
-    assert moshi["frames_dropped"] <= 2 and 0 < realtime["frames_dropped"] <= 2 * 4
-    assert realtime["frames_sent"] - realtime["frames_dropped"] >= 2 * 12 * 2 - 2 * 4
+    assert moshi["frames_dropped"] <= 2 + skipped(moshi)
+    assert 0 < realtime["frames_dropped"] <= 2 * 4 + skipped(realtime)
+    assert realtime["frames_sent"] - realtime["frames_dropped"] >= 2 * 12 * 2 - 2 * 4 - skipped(realtime)
     for level in levels:
         rt = level["round_trip_ms"]
         assert 0 < rt["p50"] <= rt["p95"] <= rt["p99"] < 1000  # matched frame to frame, not shifted by one
@@ -89,7 +96,7 @@ def test_bench_load_times_every_frame_over_webrtc(tmp_path):
     webrtc = levels[1]
     assert webrtc["frames_sent"] >= 2 * 3 * 12
     # a frame whose packet the server did not name is not counted back: all but the last in flight were
-    assert webrtc["frames_dropped"] <= 2 and webrtc["frames_untimed"] <= 2
+    assert webrtc["frames_dropped"] <= 2 + skipped(webrtc) and webrtc["frames_untimed"] <= 2
     rt = webrtc["round_trip_ms"]
     assert 0 < rt["p50"] <= rt["p95"] < 1000  # (a frame matched to a later one sent would come out negative)
 
@@ -105,7 +112,7 @@ def test_the_null_frontend_echoes_speech_and_the_loop_lag_is_reported(tmp_path):
         lag_samples = services.metrics.loop_lag.collect()[0].samples
     assert code == 0
     level = json.loads(out.read_text())["levels"][0]
-    assert level["refused"] == 0 and level["frames_dropped"] <= 2
+    assert level["refused"] == 0 and level["frames_dropped"] <= 2 + skipped(level)
     count = next(s.value for s in lag_samples if s.name.endswith("_count"))
     assert count >= 10  # the probe ran every 100 ms while the level did
     assert level["loop_lag_ms"]["mean"] is not None and level["loop_lag_ms"]["mean"] >= 0
