@@ -34,6 +34,8 @@ from server.live.adapter import LiveCarrier, live_facts
 from server.live.mapping import LiveMapping
 from server.moshi.carrier import MoshiCarrier
 from server.moshi.mapping import SessionOptions
+from server.phone.doors import StreamTokenDoor, stream_token_doors
+from server.phone.routes import TwilioDoor
 from server.realtime import RealtimeCarrier
 from server.realtime.adapter import subprotocol as realtime_subprotocol
 from server.runner import Carrier, SessionRunner
@@ -174,6 +176,16 @@ def create_app(settings: ServerSettings, services: Services | None = None,
         logger.info("ready: %s/api/chat, %s/v1/realtime and %s/v1/live/sessions", base, base, base)
         if webrtc is None:
             logger.warning("%s", WEBRTC_MISSING)
+        if twilio.closed is not None:
+            logger.warning("%s", twilio.closed)
+        else:
+            logger.info("phone calls: a Twilio number's voice URL is %s/twilio/voice (docs/telephony.md)",
+                        settings.phone.public_url or f"http://{settings.host}:{settings.port}")
+        for door in carriers:
+            if door.closed is not None:
+                logger.warning("%s", door.closed)
+        if opened := [f"/{door.name}/media" for door in carriers if door.closed is None]:
+            logger.info("phone calls: carriers' media streams at %s (docs/telephony.md)", ", ".join(opened))
         if on_ready is not None:
             on_ready(app)
         stop_watching = watch_knowledge(app.state.services)
@@ -191,6 +203,8 @@ def create_app(settings: ServerSettings, services: Services | None = None,
 
     app = FastAPI(title="KAME server", lifespan=lifespan)
     app.state.services = None
+    twilio = TwilioDoor(settings)
+    carriers = stream_token_doors(settings)
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
@@ -273,6 +287,32 @@ def create_app(settings: ServerSettings, services: Services | None = None,
             return error_response(501, "server_error", "webrtc_unavailable", WEBRTC_MISSING)
         return Response(status_code=204, headers=webrtc.cors_headers(request, access, preflight=True))
 
+    # ---- phone calls: a carrier's media stream (server/phone/, docs/telephony.md)
+
+    @app.post("/twilio/voice")
+    async def twilio_voice(request: Request) -> Response:
+        """The TwiML a Twilio number's voice URL gets: a bidirectional Media Stream back here."""
+        current: Services | None = app.state.services
+        free = 0 if current is None or app.state.draining else current.runtime.runner.free_slots
+        return await twilio.voice(request, free)
+
+    @app.websocket("/twilio/media")
+    async def twilio_media(ws: WebSocket) -> None:
+        """The Media Stream the TwiML named: opens with the token the TwiML issued for its call."""
+        refusal, call = twilio.admit(ws)
+        await _serve_call(ws, app.state, refusal, lambda services: Endpoint(
+            "twilio", services.settings.session_config(stats_interval_s=None), twilio.carrier(call)))
+
+    def carrier_media(door: StreamTokenDoor):
+        async def media(ws: WebSocket) -> None:
+            """A Telnyx, Vonage or Plivo media stream to the URL the application wrote (server/phone/doors.py)."""
+            await _serve_call(ws, app.state, door.admit(ws), lambda services: Endpoint(
+                door.name, services.settings.session_config(stats_interval_s=None), door.phone_carrier))
+        return media
+
+    for door in carriers:
+        app.add_api_websocket_route(f"/{door.name}/media", carrier_media(door), name=f"{door.name}_media")
+
     @app.post("/v1/realtime/client_secrets")
     async def client_secret(request: Request) -> Response:
         """A short-lived client secret for a browser, minted with the server's token (docs/live.md)."""
@@ -312,6 +352,18 @@ async def _refuse(ws: WebSocket, services: Services, refusal: Refusal) -> None:
     else:
         await ws.accept()
         await ws.close(refusal.close_code, refusal.reason[:120])
+
+
+async def _serve_call(ws: WebSocket, state, refusal: Refusal | None,
+                      endpoint: Callable[[Services], Endpoint]) -> None:
+    """A carrier's media stream that its door let in (`refusal` None): a session unless the server is draining."""
+    services = state.services
+    if refusal is None and state.draining:
+        refusal = Refusal(503, 1001, "the server is shutting down")
+    if refusal is not None:
+        await _refuse(ws, services, refusal)
+        return
+    await _serve(ws, services, state.sessions, lambda: endpoint(services))
 
 
 @dataclass(frozen=True)

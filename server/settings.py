@@ -106,6 +106,26 @@ class RealtimeSettings(BaseModel):
     webrtc_uplink_ptime_ms: int = Field(PEER_PTIME_MS, ge=20, le=60, multiple_of=20)  # 20, 40 or 60
 
 
+class PhoneSettings(BaseModel):
+    """[phone]: calls from carriers' media streams (docs/telephony.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+    # the server as carriers reach it (behind a proxy or a tunnel), e.g. https://voice.example.com: the
+    # stream URL in the TwiML and the URL a webhook's signature covers; None: the request's own host
+    public_url: str | None = None
+    # Twilio signs its webhooks with the account's auth token; set, the Twilio routes check every webhook and
+    # open a stream only with the token its TwiML carried. Unset, they are open on a loopback host only
+    twilio_auth_token: SecretStr | None = None
+    # Telnyx, Vonage and Plivo open the stream URL the application wrote (Telnyx's stream_url, Vonage's NCCO
+    # websocket uri, Plivo's <Stream>): set, /<carrier>/media opens only for ?stream_token=<this secret> (Telnyx:
+    # or its stream_auth_token). Unset, the route is open on a loopback host only
+    telnyx_stream_token: SecretStr | None = None
+    vonage_stream_token: SecretStr | None = None
+    plivo_stream_token: SecretStr | None = None
+    lead_frames: int = Field(2, ge=1, le=12)  # the assistant's audio sent ahead of what the caller heard, 80 ms each
+    keypad_to_llm: bool = True  # keypad digits reach the LLM as the caller's words (a call's `keypad=off`: not)
+
+
 class EchoSettings(_options_table(EchoOptions)):
     """[echo]: echo cancellation of telephone sessions (kame.aec.EchoOptions; docs/echo.md)."""
 
@@ -136,6 +156,7 @@ class ServerSettings(BaseSettings):
     kyutai_stt: KyutaiSttSettings = Field(default_factory=KyutaiSttSettings)
     realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
     echo: EchoSettings = Field(default_factory=EchoSettings)
+    phone: PhoneSettings = Field(default_factory=PhoneSettings)
     tools: dict[str, ToolConfig] = Field(default_factory=dict)  # [tools.NAME]; none: the LLM is offered no tools
     knowledge: KnowledgeSettings = Field(default_factory=KnowledgeSettings)
     replica: str | None = Field(None, exclude=True)  # set by `kame serve --ray` in each replica: its stable id
@@ -293,7 +314,7 @@ def load_settings(config_file: str | Path | None = None, **cli: object) -> Serve
         key = ".".join(str(p) for p in error.get("loc", ()))
         if not key:  # a check across keys: its message names them
             raise SettingsError(f"settings: {message}") from exc
-        shown = "(hidden)" if key.startswith("auth_tokens") else repr(error.get("input"))
+        shown = "(hidden)" if key.startswith("auth_tokens") or "token" in key else repr(error.get("input"))
         raise SettingsError(f"setting {key}: {message} (got {shown})") from exc
     finally:
         _TomlSource.data = {}

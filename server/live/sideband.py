@@ -41,8 +41,9 @@ class Sideband:
 
 
 def find(sessions: set, session_id: str) -> SessionRunner | None:
-    """The running Live session (over either link) with this id."""
-    return next((s for s in sessions if s.id == session_id and isinstance(s.carrier, LiveCarrier)), None)
+    """The running Live session (over either link, or inside a phone call) with this id."""
+    return next((s for s in sessions if s.id == session_id
+                 and isinstance(getattr(s.carrier, "live", s.carrier), LiveCarrier)), None)
 
 
 async def attach(ws: WebSocket, session_id: str, sessions: set, access: AccessControl, capacity: int) -> None:
