@@ -67,6 +67,8 @@ def test_what_goes_back_is_play_audio_checkpoint_and_clear_audio():
 @pytest.mark.parametrize(("message", "complaint"), [
     (b"\x00\x01", "text frames"),
     ("{not json", "not JSON"),
+    ("[" * 50_000, "not JSON"),  # deeper than json's recursion limit
+    ("x" * 100_000, "over 65536 characters"),
     (json.dumps({"event": "stop"}), "unknown event"),
     (json.dumps(MEDIA), "before the stream's start"),
     (json.dumps(PLAYED), "before the stream's start"),

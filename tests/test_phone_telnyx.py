@@ -73,6 +73,8 @@ def test_what_goes_back_is_media_mark_and_clear():
 @pytest.mark.parametrize(("message", "complaint"), [
     (b"\x00\x01", "text frames"),
     ("{not json", "not JSON"),
+    ("[" * 50_000, "not JSON"),  # deeper than json's recursion limit
+    ("x" * 100_000, "over 65536 characters"),
     ('"a string"', "JSON object"),
     (json.dumps({"event": "hangup"}), "unknown event"),
     (json.dumps(MEDIA), "before the stream's start"),

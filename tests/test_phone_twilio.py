@@ -61,7 +61,7 @@ def test_what_goes_back_names_the_stream():
 @pytest.mark.parametrize(("message", "complaint"), [
     (b"\x00\x01", "text frames"),
     ("{not json", "not JSON"),
-    ('"a string"', "unknown event"),
+    ('"a string"', "a JSON object"),
     (json.dumps({"event": "hangup"}), "unknown event"),
     (json.dumps(MEDIA), "before the stream's start"),
 ])

@@ -65,6 +65,8 @@ def test_audio_goes_back_in_20_ms_binary_packets_and_marks_as_notify(rate, packe
 @pytest.mark.parametrize(("message", "complaint"), [
     (FRAME, "audio before websocket:connected"),
     ("{not json", "not JSON"),
+    ("[" * 50_000, "not JSON"),  # deeper than json's recursion limit
+    ("x" * 100_000, "over 65536 characters"),
     ("[1, 2]", "JSON object"),
     (json.dumps(DTMF), "first message is websocket:connected"),
     (json.dumps({"app": "demo"}), "first message is websocket:connected"),

@@ -10,6 +10,7 @@ import json
 from server.phone.streams import CallAudio, CallDigit, PhoneProtocolError
 
 MAX_PAYLOAD_BYTES = 8000  # of one media message's audio: 1 s of G.711 (carriers send 20 ms, 160 bytes)
+MAX_MESSAGE_CHARS = 64 * 1024  # of any message: a start with long parameters is a few kB; more is not read
 DIGITS = frozenset("0123456789*#ABCD")
 
 
@@ -17,10 +18,12 @@ def json_message(message: str | bytes, carrier: str) -> tuple[object, dict]:
     """(its `event`, the message) of a text frame holding a JSON object."""
     if not isinstance(message, str):
         raise PhoneProtocolError(f"{carrier}'s stream messages are text frames (a binary frame came)")
+    if len(message) > MAX_MESSAGE_CHARS:  # refused before the parser spends time on it
+        raise PhoneProtocolError(f"a message over {MAX_MESSAGE_CHARS} characters")
     try:
         data = json.loads(message)
-    except ValueError as exc:
-        raise PhoneProtocolError(f"not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # (nested deeper than the parser goes: RecursionError)
+        raise PhoneProtocolError(f"not JSON: {type(exc).__name__}") from None
     if not isinstance(data, dict):
         raise PhoneProtocolError(f"a message is a JSON object (got {type(data).__name__})")
     return data.get("event"), data
@@ -40,9 +43,15 @@ def text(data: dict, key: str, where: str) -> str:
     return value
 
 
+def shown(value: object) -> str:
+    """A value the carrier sent, short enough for the log."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def digit(value: object, where: str) -> str:
     if not isinstance(value, str) or value not in DIGITS:
-        raise PhoneProtocolError(f"{where} is one of 0-9, *, #, A-D (got {value!r})")
+        raise PhoneProtocolError(f"{where} is one of 0-9, *, #, A-D (got {shown(value)})")
     return value
 
 

@@ -8,7 +8,6 @@ Twilio's references: "TwiML Voice: <Stream>", "Media Streams - WebSocket Message
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 import json
@@ -17,19 +16,9 @@ import time
 from collections.abc import Mapping
 from xml.sax.saxutils import quoteattr
 
-from server.phone.streams import (
-    CallAudio,
-    CallDigit,
-    CallMarked,
-    CallStarted,
-    CallStopped,
-    PhoneEvent,
-    PhoneProtocolError,
-)
+from server.phone.messages import caller_audio, json_message, json_object, keypad, shown, strings, text
+from server.phone.streams import CallMarked, CallStarted, CallStopped, PhoneEvent, PhoneProtocolError
 
-MAX_PAYLOAD_BYTES = 8000  # of one media message's audio: 1 s of mu-law (Twilio sends 20 ms, 160 bytes)
-MAX_MESSAGE_CHARS = 64 * 1024  # of any message: a start with long customParameters is a few kB; more is not read
-DIGITS = frozenset("0123456789*#ABCD")
 TOKEN_TTL_S = 60.0  # a stream token opens the stream within this long of the TwiML that carried it
 
 
@@ -135,15 +124,7 @@ class TwilioStream:
         self.call_sid: str | None = None
 
     def read(self, message: str | bytes) -> list[PhoneEvent]:
-        if not isinstance(message, str):
-            raise PhoneProtocolError("Media Streams messages are text frames (a binary frame came)")
-        if len(message) > MAX_MESSAGE_CHARS:  # refused before the parser spends time on it
-            raise PhoneProtocolError(f"a message over {MAX_MESSAGE_CHARS} characters")
-        try:
-            data = json.loads(message)
-        except (ValueError, RecursionError) as exc:  # (nested deeper than the parser goes: RecursionError)
-            raise PhoneProtocolError(f"not JSON: {type(exc).__name__}") from None
-        event = data.get("event") if isinstance(data, dict) else None
+        event, data = json_message(message, "Twilio")
         match event:
             case "connected":
                 return []
@@ -154,35 +135,27 @@ class TwilioStream:
             case "media" | "dtmf" | "mark" if self.stream_sid is None:
                 raise PhoneProtocolError(f"a {event} message before the stream's start")
             case "media":
-                return [CallAudio(_payload(_object(data, "media")))]
+                return caller_audio(data)
             case "dtmf":
-                digit = _object(data, "dtmf").get("digit")
-                if not isinstance(digit, str) or digit not in DIGITS:
-                    raise PhoneProtocolError(f"dtmf.digit is one of 0-9, *, #, A-D (got {_shown(digit)})")
-                return [CallDigit(digit)]
+                return keypad(data)
             case "mark":
-                name = _object(data, "mark").get("name")
-                if not isinstance(name, str):
-                    raise PhoneProtocolError("mark.name is a string")
-                return [CallMarked(name)]
-        raise PhoneProtocolError(f"unknown event {_shown(event)}")
+                return [CallMarked(text(json_object(data, "mark"), "name", "mark"))]
+        raise PhoneProtocolError(f"unknown event {shown(event)}")
 
     def _start(self, data: dict) -> CallStarted:
         if self.stream_sid is not None:
             raise PhoneProtocolError("a second start message")
-        start = _object(data, "start")
+        start = json_object(data, "start")
         stream_sid, call_sid = data.get("streamSid") or start.get("streamSid"), start.get("callSid")
         if not isinstance(stream_sid, str) or not isinstance(call_sid, str):
             raise PhoneProtocolError("start names its streamSid and start.callSid")
         media = start.get("mediaFormat") or {}
         if not isinstance(media, dict) or media.get("encoding", "audio/x-mulaw") != "audio/x-mulaw" \
                 or str(media.get("sampleRate", 8000)) != "8000":
-            raise PhoneProtocolError(f"a Media Stream is mu-law at 8000 Hz (got {_shown(media)})")
-        params = start.get("customParameters") or {}
-        if not isinstance(params, dict):
-            raise PhoneProtocolError("start.customParameters is an object")
+            raise PhoneProtocolError(f"a Media Stream is mu-law at 8000 Hz (got {shown(media)})")
+        params = strings(start.get("customParameters"), "start.customParameters")
         self.stream_sid, self.call_sid = stream_sid, call_sid
-        return CallStarted(call_sid, stream_sid, "audio/pcmu", 8000, {str(k): str(v) for k, v in params.items()})
+        return CallStarted(call_sid, stream_sid, "audio/pcmu", 8000, params)
 
     def audio(self, data: bytes) -> list[str]:
         payload = base64.b64encode(data).decode()
@@ -193,28 +166,3 @@ class TwilioStream:
 
     def clear(self) -> list[str]:
         return [json.dumps({"event": "clear", "streamSid": self.stream_sid})]
-
-
-def _shown(value: object) -> str:
-    """A value the carrier sent, short enough for the log."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _object(data: dict, key: str) -> dict:
-    value = data.get(key)
-    if not isinstance(value, dict):
-        raise PhoneProtocolError(f"a {data.get('event')} message has its {key!r} object")
-    return value
-
-
-def _payload(media: dict) -> bytes:
-    payload = media.get("payload")
-    if not isinstance(payload, str):
-        raise PhoneProtocolError("media.payload is base64 text")
-    if len(payload) > MAX_PAYLOAD_BYTES * 4 // 3 + 4:
-        raise PhoneProtocolError(f"media.payload over {MAX_PAYLOAD_BYTES} bytes of audio")
-    try:
-        return base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        raise PhoneProtocolError("media.payload is not valid base64") from None
