@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import time
 from collections.abc import Coroutine
 
 import numpy as np
@@ -255,10 +254,10 @@ class PhoneCarrier:
     # ---------------------------------------------------------------- keypad
 
     def _digit(self, digit: str) -> None:
-        """A key the caller pressed: an event of the session (sidebands, the recording), and with the
-        digits around it, the caller's words to the LLM ("The caller pressed 1 2 3 on the keypad.")."""
-        self.live.mapping.outbox.emit("input_audio_buffer.dtmf_event_received", event=digit,
-                                      received_at=int(time.time()))
+        """A key the caller pressed: GPT-Live's `transport.dtmf.received` (for sidebands and the recording: the
+        caller's line carries no events), and with the digits around it, the caller's words to the LLM ("The
+        caller pressed 1 2 3 on the keypad.")."""
+        self.live.mapping.outbox.emit("transport.dtmf.received", event=digit)
         self.live.carry_out()
         if not self.keypad_to_llm:
             return
