@@ -118,9 +118,10 @@ def events(sent: list[dict]) -> list[str]:
 
 
 def test_a_clear_goes_out_at_once_when_the_caller_talks_over_unplayed_words():
-    """Six frames of the assistant's words come at once: two go out (the lead), the caller's marks let two
-    more go; then the caller speaks. The clear is sent in the same step (no time passes: within a frame),
-    the frames still waiting never go, and the history keeps the words of the frames the caller heard."""
+    """Six frames of the assistant's words come at once: two go out (the lead), two wait behind it and the two
+    before those are dropped (a burst kept would be a delay for the rest of the call), the caller's marks let
+    the two waiting go; then the caller speaks. The clear is sent in the same step (no time passes: within a
+    frame), and the history keeps the words of the frames the caller heard."""
     async def go():
         call = Call()
         await call.say(CONNECTED, START)
@@ -145,7 +146,9 @@ def test_a_clear_goes_out_at_once_when_the_caller_talks_over_unplayed_words():
     call, first, second, cleared, after, heard = asyncio.run(go())
     assert first == ["media", "mark 1", "media", "mark 2"]
     assert second == ["media", "mark 3", "media", "mark 4"]
-    assert cleared == ["clear"]  # nothing else: frames 14 and 15 were dropped unsent
+    assert cleared == ["clear"]  # nothing else: nothing was waiting
+    assert call.carrier.pacer.dropped == 2  # frames 12 and 13
+    assert call.runner.services.metrics.frames_dropped.labels("out")._value.get() == 2
     assert call.tandem.of(TruncateAssistant) == [TruncateAssistant("Paris is the capital of France", "Paris is")]
     assert after == ["media", "mark 5"] and heard == 11  # a fresh lead; the dropped marks changed nothing
     assert all(m["streamSid"] == STREAM for m in map(json.loads, call.link.sent))

@@ -14,7 +14,7 @@ def sent(out) -> list[tuple[str | None, int]]:
 
 
 def test_frames_go_out_two_ahead_of_the_marks():
-    pacer = Pacer(lead_frames=2)
+    pacer = Pacer(lead_frames=2, max_waiting=8)
     for frame in range(10, 16):  # a burst of six frames (an engine catching up)
         pacer.push(f"audio{frame}", frame)
     assert sent(pacer.take(0.0)) == [("1", 10), ("2", 11)]
@@ -29,7 +29,7 @@ def test_frames_go_out_two_ahead_of_the_marks():
 
 
 def test_a_clear_drops_what_waits_and_says_what_was_heard():
-    pacer = Pacer(lead_frames=2)
+    pacer = Pacer(lead_frames=2, max_waiting=8)
     for frame in range(6):
         pacer.push(frame, frame)
     pacer.take(0.0)
@@ -47,7 +47,7 @@ def test_a_clear_drops_what_waits_and_says_what_was_heard():
 
 
 def test_without_marks_the_clock_keeps_the_lead():
-    pacer = Pacer(lead_frames=2, marks=False)
+    pacer = Pacer(lead_frames=2, marks=False, max_waiting=8)
     for frame in range(8):
         pacer.push(frame, frame)
     assert sent(pacer.take(0.0)) == [(None, 0), (None, 1)]
@@ -59,7 +59,7 @@ def test_without_marks_the_clock_keeps_the_lead():
 
 
 def test_marks_that_stop_coming_leave_the_pacing_to_the_clock():
-    pacer = Pacer(lead_frames=2)
+    pacer = Pacer(lead_frames=2, max_waiting=40)
     for frame in range(40):
         pacer.push(frame, frame)
     pacer.take(0.0)  # two out; their marks never come
@@ -68,3 +68,21 @@ def test_marks_that_stop_coming_leave_the_pacing_to_the_clock():
     out = pacer.take(MARKS_SILENT_S + 0.01)
     assert [o.frame for o in out] == [2, 3] and pacer.lead() == 2  # on the clock, still two ahead
     assert pacer.wake_at(MARKS_SILENT_S + 0.01) is not None and pacer.wake_at(MARKS_SILENT_S + 0.01) > MARKS_SILENT_S
+
+
+def test_frames_piling_up_behind_the_lead_are_dropped_oldest_first():
+    """Frames come as fast as the carrier plays them: a burst (a stalled step caught up) that waited would
+    be a delay for the rest of the call, so what waits past `max_waiting` is dropped, oldest first."""
+    pacer = Pacer(lead_frames=2)  # max_waiting: the lead's own 2
+    out = []
+    for frame in range(6):  # six frames at once, each pushed and pumped as the call does
+        pacer.push(frame, frame)
+        out += pacer.take(0.0)
+    assert sent(out) == [("1", 0), ("2", 1)] and pacer.waiting == 2 and pacer.dropped == 2
+    pacer.marked("2", 2 * F)  # both played: the newest two go, not the ones behind them
+    assert sent(pacer.take(2 * F)) == [("3", 4), ("4", 5)]
+    for frame in range(6, 10):  # then real time: a frame and a mark every 80 ms, nothing dropped
+        pacer.marked(str(frame - 3), (frame - 3) * F)
+        pacer.push(frame, frame)
+        assert [o.frame for o in pacer.take((frame - 3) * F)] == [frame]
+    assert pacer.dropped == 2 and pacer.lead() == 2

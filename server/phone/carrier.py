@@ -161,9 +161,10 @@ class PhoneCarrier:
 
     async def aclose(self) -> None:
         await self.live.aclose()
-        if self._refused > LOGGED_REFUSALS or self._dropped_s:
-            logger.info("call %s ended: %d messages could not be read, %.1f s of audio came faster than real time",
-                        self.runner.id, self._refused, self._dropped_s)
+        if self._refused > LOGGED_REFUSALS or self._dropped_s or self.pacer.dropped:
+            logger.info("call %s ended: %d messages could not be read, %.1f s of the caller's audio came faster "
+                        "than real time, %d frames of the assistant's waited too long to play",
+                        self.runner.id, self._refused, self._dropped_s, self.pacer.dropped)
 
     # sidebands (server/live/sideband.py) reach the Live session through these
     @property
@@ -218,7 +219,13 @@ class PhoneCarrier:
     def play(self, pcm: np.ndarray, frame: int) -> None:
         """The assistant's next frame (the Live mapping's `Play`): encoded for the line and paced out."""
         if self._encode is not None:
+            dropped = self.pacer.dropped
             self.pacer.push(self._encode(pcm), frame)
+            if self.pacer.dropped > dropped:  # piled up behind the lead: dropped to stay live
+                if not dropped:
+                    logger.info("call %s: the assistant's audio came faster than the carrier played it; frames "
+                                "waiting behind the lead are dropped to stay live", self.runner.id)
+                self.runner.services.metrics.frames_dropped.labels("out").inc(self.pacer.dropped - dropped)
             self._pump()
 
     def _pump(self) -> None:

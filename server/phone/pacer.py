@@ -7,6 +7,10 @@ carrier's marks (a mark sent after a frame comes back once the audio before it h
 `clear` dropped it); a carrier without marks, or whose marks stop coming, is paced on the session's clock
 (its play head: what was sent plays back to back from when it arrived). Pure: frames, marks and the time
 in; what to send now out.
+
+The front-end makes a frame every 80 ms and the carrier plays one every 80 ms, so frames that pile up
+behind the lead (a burst after a stalled step, a carrier that played late) would stay a delay for the rest
+of the call. Past `max_waiting` frames waiting, the oldest is dropped, as the caller's side skips to live.
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ class Outgoing:
 
 
 class Pacer:
-    def __init__(self, lead_frames: int = 2, marks: bool = True) -> None:
+    def __init__(self, lead_frames: int = 2, marks: bool = True, max_waiting: int | None = None) -> None:
         self.lead_frames, self.marks = lead_frames, marks
+        self.max_waiting = lead_frames if max_waiting is None else max_waiting  # frames behind the lead
+        self.dropped = 0  # frames dropped from the wait, ever
         self._queue: collections.deque[tuple[object, int]] = collections.deque()
         self._sent = 0  # frames sent, ever (a frame's mark is its number)
         self._played = 0  # of them, those the carrier has marked played (or a clear dropped)
@@ -43,8 +49,11 @@ class Pacer:
     # ---------------------------------------------------------------- in
 
     def push(self, payload: object, frame: int) -> None:
-        """The assistant's next frame, encoded for the carrier."""
+        """The assistant's next frame, encoded for the carrier (the oldest waiting one dropped past the bound)."""
         self._queue.append((payload, frame))
+        while len(self._queue) > self.max_waiting:
+            self._queue.popleft()
+            self.dropped += 1
 
     def marked(self, name: str, now: float) -> None:
         """The carrier's mark came back: the frames up to it have played (or were cleared)."""
