@@ -15,6 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 
 from client.loadgen import load_level_in_processes, load_level_timed, percentile_ms
+from client.phone_client import CARRIERS
 
 FRAME_MS = 80.0
 
@@ -31,8 +32,10 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     load.add_argument("--token", default=None, help="auth token, if the server needs one")
     load.add_argument("--transport", default="moshi", type=_transports,
                       help="moshi: /api/chat; realtime: /v1/realtime; live, live-webrtc: /v1/live/sessions over "
-                           "WebSocket or WebRTC (client delegation); a comma list, or both (moshi,realtime): each "
-                           "level on each, side by side")
+                           "WebSocket or WebRTC (client delegation); twilio, telnyx, vonage: a call on the carrier's "
+                           "media stream /<carrier>/media (a loopback server without [phone] tokens), marks "
+                           "returned as a real-time playout plays them; a comma list, or both (moshi,realtime): "
+                           "each level on each, side by side")
     load.add_argument("--input", default=None,
                       help="audio file each session speaks, looped (default: noise, which ASR leaves alone)")
     load.add_argument("--processes", type=int, default=1,
@@ -47,7 +50,7 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     load.set_defaults(func=run_load)
 
 
-TRANSPORTS = ("moshi", "realtime", "live", "live-webrtc")
+TRANSPORTS = ("moshi", "realtime", "live", "live-webrtc", *CARRIERS)
 
 
 def server_url(value: str) -> str:
@@ -164,7 +167,7 @@ def measure(url: str, sessions: int, seconds: float, transport: str = "moshi",
     step_ms = 1000 * (after.get("step_sum", 0) - before.get("step_sum", 0)) / steps if steps else None
     p50, p99 = percentile_ms(run.round_trips, 50), percentile_ms(run.round_trips, 99)
     late = sum(1 for t in run.round_trips if t * 1000 > FRAME_MS)
-    return {
+    row = {
         "transport": transport, "sessions": sessions, "refused": run.refused, "frames_sent": run.frames_sent,
         "frames_dropped": run.frames_sent - run.frames_received, "frames_late": late,
         "frames_untimed": run.frames_unmatched,
@@ -186,6 +189,10 @@ def measure(url: str, sessions: int, seconds: float, transport: str = "moshi",
         "loop_lag_ms": loop_lag(before, after),
         "server_rss_mb": round(after.get("rss_bytes", 0) / 2**20),
     }
+    if transport in CARRIERS:  # the audio the carrier held unplayed as each piece came (the pacer keeps it small)
+        row["lead_ms"] = {"p99": percentile_ms(run.leads, 99),
+                          "max": round(1000 * max(run.leads), 2) if run.leads else None}
+    return row
 
 
 def run_load(args: argparse.Namespace) -> int:
@@ -227,17 +234,21 @@ def _doubling(limit: int) -> list[int]:
 
 
 def markdown(result: dict) -> str:
+    phone = any("lead_ms" in r for r in result["levels"])  # a column for the carriers' playout lead, where any ran
     lines = ["| transport | sessions | round trip p50 / p95 / p99 ms | engine step ms | overhead p50 / p99 ms | "
              "mean batch | not back | untimed | late (>80 ms) | server CPU cores | server RSS MB | "
-             "with children cores per session | server frame latency p50 / p99 <= ms |",
-             "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "with children cores per session | server frame latency p50 / p99 <= ms |"
+             + (" carrier lead p99 / max ms |" if phone else ""),
+             "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|" + ("---|" if phone else "")]
     for r in result["levels"]:
         rt, oh, lat = r["round_trip_ms"], r["overhead_ms"], r.get("server_frame_latency_ms", {})
+        lead = r.get("lead_ms") or {}
         lines.append(f"| {r.get('transport', 'moshi')} | {r['sessions']} | {rt['p50']} / {rt['p95']} / {rt['p99']} | "
                      f"{r['engine_step_ms']} | "
                      f"{oh['p50']} / {oh['p99']} | {r['batch_mean']} | {r['frames_dropped']} | "
                      f"{r.get('frames_untimed', 0)} | {r['frames_late']} | "
                      f"{r['server_cpu_cores']} | {r['server_rss_mb']} | {r.get('server_tree_cpu_per_session')} | "
-                     f"{lat.get('p50_under')} / {lat.get('p99_under')} |")
+                     f"{lat.get('p50_under')} / {lat.get('p99_under')} |"
+                     + (f" {lead.get('p99', '-')} / {lead.get('max', '-')} |" if phone else ""))
     lines.append(f"\nlargest N with p99 round trip <= 80 ms: {result['max_sessions_p99_under_80ms']}")
     return "\n".join(lines)

@@ -12,6 +12,7 @@ import numpy as np
 from websockets.exceptions import ConnectionClosed
 
 from client.client import AudioMessage, EventMessage, KameClient, ServerRefused, ServerUnreachable, send_paced
+from client.phone_client import CARRIERS, PhoneCall
 from kame.protocol import FRAME_SIZE as FRAME
 from kame.protocol import SAMPLE_RATE as RATE
 from kame.protocol import Kind, encode
@@ -136,6 +137,7 @@ class LatencyRun:
     frames_received: int = 0
     refused: int = 0
     frames_unmatched: int = 0  # back, but after a drop the server had not yet counted: not timed
+    leads: list[float] = field(default_factory=list)  # phone calls: the carrier's playout lead (s) at each arrival
 
 
 # the Realtime endpoint sends audio only while the model speaks; with audio energy counted as speech,
@@ -146,7 +148,10 @@ REALTIME_LOAD_SESSION = {"kame": {"activity": "text+audio", "feed_silence": Fals
 
 async def _connect(url: str, transport: str):
     """A timed session's client: moshi (/api/chat), realtime (/v1/realtime), live or live-webrtc
-    (/v1/live/sessions, client delegation). Each imports its own client: the moshi one needs no aiortc."""
+    (/v1/live/sessions, client delegation), or a carrier's media stream (/twilio/media, ...: a call).
+    Each imports its own client: the moshi one needs no aiortc."""
+    if transport in CARRIERS:
+        return await PhoneCall.connect(url, transport)
     if transport == "realtime":
         from client.realtime_client import RealtimeAudio
 
@@ -220,6 +225,8 @@ async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.
     # frames back past the last sent: silence GPT-Live's server fed once the client stopped
     run.frames_received += sum(frame < len(sent_at) for frame, _ in received_at) + matcher.unmatched
     run.frames_unmatched += matcher.unmatched
+    if isinstance(client, PhoneCall):
+        run.leads.extend(client.leads)
     run.round_trips.extend(trips[3:])  # the first frames carry the connection's warm-up
 
 
@@ -293,6 +300,7 @@ def load_level_in_processes(url: str, sessions: int, seconds: float, processes: 
         merged.frames_received += run.frames_received
         merged.refused += run.refused
         merged.frames_unmatched += run.frames_unmatched
+        merged.leads.extend(run.leads)
     return merged, sum(cpu for _, cpu in parts)
 
 
