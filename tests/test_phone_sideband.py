@@ -37,9 +37,9 @@ def test_a_sideband_attaches_to_a_call_by_the_logged_id_and_sees_its_digits(tmp_
             await client.close()
         return session_id, replayed, side
 
-    with caplog.at_level(logging.INFO, logger="server.phone"):
-        with running_server(asr="none", record_dir=tmp_path) as (url, _):
-            session_id, replayed, side = asyncio.run(go(url))
+    with caplog.at_level(logging.INFO, logger="server.phone"), \
+            running_server(asr="none", record_dir=tmp_path) as (url, _):
+        session_id, replayed, side = asyncio.run(go(url))
     assert replayed["session"]["id"] == session_id
     assert [e["event"] for e in side.of("transport.dtmf.received")] == ["4", "#"]
     recorded = [json.loads(line) for line in (tmp_path / session_id / "events.jsonl").read_text().splitlines()]
