@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     replay.add_argument("--url", default=None, help=f"the server's websocket (default {DEFAULT_URL})")
     replay.add_argument("--system-prompt", default=None)
     replay.add_argument("--fast", action="store_true", help="send as fast as the server (or engine) answers")
-    replay.add_argument("--tail", type=float, default=0.0, help="extra silence after the recorded audio")
+    replay.add_argument("--tail", type=float, default=0.0, help="extra silence after the recorded audio (--in-process: "
+                        "then more while the session is still busy, at most 10 s)")
     replay.add_argument("--timeline", default=None, metavar="OUT.html",
                         help="write the recorded session's timeline (the browser page's) to one HTML file; "
                              "nothing is replayed")

@@ -143,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="oracle text; each one resets the oracle at its --oracle-at time (repeatable)")
     infer.add_argument("--oracle-at", action="append", type=float, default=[], metavar="SECONDS",
                        help="input time of the matching --oracle (default 0)")
-    infer.add_argument("--tail", type=float, default=1.0, help="seconds of silence after the input (default 1)")
+    infer.add_argument("--tail", type=float, default=1.0, help="seconds of silence after the input (default 1; then "
+                       "more while the session is still busy, at most 10 s)")
     infer.add_argument("--json", action="store_true", help="print JSON with per-frame text times")
     infer.add_argument("--llm", default=None, metavar="PROFILE",
                        help="run the whole tandem in this process: ASR, planner and this LLM profile give the "

@@ -1,7 +1,8 @@
 """A spoken question through a real tandem session in this process: no server, no socket.
 
 The audio is pushed at real-time pace (the ASR, the planner's restarts and the LLM see the
-timing a user would give them), then `tail_s` of silence while the answer is spoken; or, with
+timing a user would give them), then `tail_s` of silence while the answer is spoken (and more while the
+session is still busy); or, with
 `realtime=False`, as fast as the engine answers. Its transports' twins are `client.conversation`
 (Moshi's websocket) and `client.realtime_client` (OpenAI Realtime). `ConversationLog` is what both
 this and a websocket conversation (`client.conversation.Conversation.log`) give the evaluations: the
@@ -22,12 +23,18 @@ from kame.runtime import Runtime
 from kame.session import SessionConfig, TandemSession
 from kame.session_events import AssistantAudio, SessionEvent
 
+QUIET_S = 1.5  # after the tail: the session is done once this long passed with no event but its audio
+QUIET_LIMIT_S = 10.0  # and the user waits at most this much longer for it
+
 
 async def converse_in_process(runtime: Runtime, pcm: np.ndarray, config: SessionConfig | None = None,
                               tail_s: float = 4.0, realtime: bool = True,
                               max_ahead_frames: int = 6) -> ConversationLog:
     """Speak `pcm` (24 kHz mono) to a new session and collect every event: at real-time pace, or
-    (`realtime=False`) as fast as the engine answers, at most `max_ahead_frames` ahead of its audio."""
+    (`realtime=False`) as fast as the engine answers, at most `max_ahead_frames` ahead of its audio.
+    After `tail_s` of silence the user stays silent while the session is still busy (a loaded machine's ASR
+    lags by seconds, and the front-end says the answer only while it is given frames): until nothing but
+    audio came for QUIET_S, at most QUIET_LIMIT_S more."""
     config = config or SessionConfig()
     if not realtime:  # frames sent ahead on purpose must never be skipped to keep the session live
         config = dataclasses.replace(config, realtime=False)
@@ -42,7 +49,11 @@ async def converse_in_process(runtime: Runtime, pcm: np.ndarray, config: Session
         conversation.speech_end_s = time.monotonic() - started
         await session.flush()
         await _speak(session, silence, pace)
-        await (asyncio.sleep(0.3) if realtime else pace.quiet())  # the last frames and answers come back
+        if realtime:
+            await _silent_until_quiet(session, pace)
+            await asyncio.sleep(0.3)  # the last frames come back
+        else:
+            await pace.quiet()  # the last frames and answers come back
         conversation.frames_sent = pace.frames_sent
     await collector
     return conversation
@@ -84,6 +95,24 @@ class _Pace:
                 await asyncio.wait_for(self.news.wait(), quiet_s)
             except TimeoutError:
                 return
+
+
+async def _silent_until_quiet(session: TandemSession, pace: _Pace) -> None:
+    """Silence at real time until QUIET_S passed with no event but audio, at most QUIET_LIMIT_S."""
+    frame = np.zeros(FRAME_SIZE, np.float32)
+    now = time.monotonic()
+    deadline, last_news = now + QUIET_LIMIT_S, now
+    pace.news.clear()
+    while not pace.ended and now < deadline:
+        if pace.news.is_set():
+            pace.news.clear()
+            last_news = now
+        elif now - last_news >= QUIET_S:
+            return
+        await pace.wait_turn()
+        session.push_pcm(frame)
+        pace.frames_sent += 1
+        now = time.monotonic()
 
 
 async def _speak(session: TandemSession, pcm: np.ndarray, pace: _Pace) -> None:

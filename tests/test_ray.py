@@ -29,6 +29,7 @@ from .server_harness import free_port, wait_until
 
 pytestmark = pytest.mark.slow
 FRAMES = 25
+REPLACEMENT_LIMIT_S = 90  # a dead replica's replacement: Serve starts a new worker process, which loads the model
 
 
 def served(back: int, dropped: int, sent: int) -> bool:
@@ -314,16 +315,27 @@ def test_a_replica_that_dies_closes_its_sessions_and_is_replaced(cluster):
         again = await Talker.open(url)  # a reconnect lands on a live replica and is heard
         await again.talk(5)
         # Serve starts a replacement; it runs, and the registry lists two replicas again
-        await wait_until(lambda: states() == {"RUNNING": 2} and replica_count(base) == 2 and doomed.replica not in
-                         {r["replica"] for r in healthz(base)["replicas"]}, "a replacement replica", 90)
+        seen = {}
+
+        def replaced() -> bool:
+            seen.update(states=states(), replicas=[r["replica"] for r in healthz(base)["replicas"] or []])
+            return seen["states"] == {"RUNNING": 2} and len(seen["replicas"]) == 2 \
+                and doomed.replica not in seen["replicas"]
+
+        try:
+            await wait_until(replaced, "a replacement replica", REPLACEMENT_LIMIT_S)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last seen {seen}, the dead one {doomed.replica}") from None
+        replaced_in = time.monotonic() - killed_at
         for t in (survivor, again):
             await t.close()
-        return doomed, survivor, again, told_in
+        return doomed, survivor, again, told_in, replaced_in
 
-    doomed, survivor, again, told_in = run_closing(go)
+    doomed, survivor, again, told_in, replaced_in = run_closing(go)
     assert doomed.replica != survivor.replica
     assert told_in < 15 and doomed.client.close_code is not None
-    print(f"dead replica's session told in {told_in:.1f} s, close code {doomed.client.close_code}")
+    print(f"dead replica's session told in {told_in:.1f} s, close code {doomed.client.close_code}; "
+          f"replaced in {replaced_in:.1f} s")
     assert again.replica != doomed.replica and again.accounted >= 5
 
 
