@@ -21,13 +21,12 @@ import numpy as np
 import websockets
 
 from client.client import opening
-from kame.audio import SAMPLE_RATE
+from kame.audio import FRAME_S, SAMPLE_RATE
 from kame.clock import Clock, MonotonicClock
 from kame.pcm import Resampler, pcm16_decode, pcm16_encode, ulaw_decode, ulaw_encode
 
 CARRIERS = ("twilio", "telnyx", "vonage")  # each a transport of the load benchmark
 CHUNK_S = 0.02  # the line's audio goes up in 20 ms messages, as a carrier sends it
-FRAME_S = 0.08  # the front-end's frame: the server's audio is handed on a frame at a time
 
 
 @dataclass(frozen=True)
