@@ -7,7 +7,7 @@ import base64
 import binascii
 import json
 
-from server.phone.streams import CallAudio, CallDigit, PhoneProtocolError
+from server.phone.streams import CallAudio, CallDigit, CallMarked, PhoneEvent, PhoneProtocolError
 
 MAX_PAYLOAD_BYTES = 8000  # of one media message's audio: 1 s of G.711 (carriers send 20 ms, 160 bytes)
 MAX_MESSAGE_CHARS = 64 * 1024  # of any message: a start with long parameters is a few kB; more is not read
@@ -87,3 +87,15 @@ def strings(values: object, where: str) -> dict[str, str]:
     if not isinstance(values, dict):
         raise PhoneProtocolError(f"{where} is an object")
     return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
+
+
+def media_dtmf_mark(event: object, data: dict) -> list[PhoneEvent]:
+    """`media`, `dtmf` and `mark` after the start, which Twilio's and Telnyx's streams write alike."""
+    match event:
+        case "media":
+            return caller_audio(data)
+        case "dtmf":
+            return keypad(data)
+        case "mark":
+            return [CallMarked(text(json_object(data, "mark"), "name", "mark"))]
+    raise PhoneProtocolError(f"unknown event {shown(event)}")

@@ -23,9 +23,8 @@ from __future__ import annotations
 import base64
 import json
 
-from server.phone.messages import caller_audio, json_message, json_object, keypad, strings, text
+from server.phone.messages import json_message, json_object, media_dtmf_mark, strings, text
 from server.phone.streams import (
-    CallMarked,
     CallStarted,
     CallStopped,
     Encoding,
@@ -55,12 +54,8 @@ class TelnyxStream:
                 return [self._start(data)]
             case "media" | "dtmf" | "mark" | "stop" if self.stream_id is None:
                 raise PhoneProtocolError(f"a {event} message before the stream's start")
-            case "media":
-                return caller_audio(data)
-            case "dtmf":
-                return keypad(data)
-            case "mark":
-                return [CallMarked(text(json_object(data, "mark"), "name", "mark"))]
+            case "media" | "dtmf" | "mark":
+                return media_dtmf_mark(event, data)
             case "stop":
                 return [CallStopped("the call ended (stop)")]
             case "error":

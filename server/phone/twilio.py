@@ -16,8 +16,8 @@ import time
 from collections.abc import Mapping
 from xml.sax.saxutils import quoteattr
 
-from server.phone.messages import caller_audio, json_message, json_object, keypad, shown, strings, text
-from server.phone.streams import CallMarked, CallStarted, CallStopped, PhoneEvent, PhoneProtocolError
+from server.phone.messages import json_message, json_object, media_dtmf_mark, shown, strings
+from server.phone.streams import CallStarted, CallStopped, PhoneEvent, PhoneProtocolError
 
 TOKEN_TTL_S = 60.0  # a stream token opens the stream within this long of the TwiML that carried it
 
@@ -134,12 +134,8 @@ class TwilioStream:
                 return [CallStopped("the caller hung up (stop)")]
             case "media" | "dtmf" | "mark" if self.stream_sid is None:
                 raise PhoneProtocolError(f"a {event} message before the stream's start")
-            case "media":
-                return caller_audio(data)
-            case "dtmf":
-                return keypad(data)
-            case "mark":
-                return [CallMarked(text(json_object(data, "mark"), "name", "mark"))]
+            case "media" | "dtmf" | "mark":
+                return media_dtmf_mark(event, data)
         raise PhoneProtocolError(f"unknown event {shown(event)}")
 
     def _start(self, data: dict) -> CallStarted:
