@@ -22,6 +22,7 @@ from kame.protocol import Kind, encode
 class SessionReport:
     frames_sent: int = 0
     frames_received: int = 0
+    frames_dropped: int = 0  # reported by the server's stats events: skipped to stay live, or a slow reader's
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
 
@@ -30,17 +31,33 @@ class SessionReport:
         """Audio received per audio sent (1.0: every frame came back)."""
         return self.frames_received / self.frames_sent if self.frames_sent else 0.0
 
+    @property
+    def accounted_ratio(self) -> float:
+        """Audio received or reported dropped per audio sent (1.0: no frame lost without a word)."""
+        return (self.frames_received + self.frames_dropped) / self.frames_sent if self.frames_sent else 0.0
+
+
+async def _settle(done, timeout_s: float) -> None:
+    """Poll `done()` every 50 ms (state another task's reader updates) for at most `timeout_s`."""
+    for _ in range(int(timeout_s / 0.05)):
+        if done():
+            return
+        await asyncio.sleep(0.05)
+
 
 async def good_session(url: str, speech: np.ndarray, seconds: float, report: SessionReport) -> None:
-    """Speak `speech` in a loop (with pauses) at real-time pace for `seconds`, counting audio back."""
-    client = await KameClient.connect(url)
-    received = 0
+    """Speak `speech` in a loop (with pauses) at real-time pace for `seconds`, counting audio back and
+    the frames the server reports dropping (its stats events, once a second)."""
+    client = await KameClient.connect(url, events=True)
+    received = dropped = 0
 
     async def receive() -> None:
-        nonlocal received
+        nonlocal received, dropped
         async for message in client:
             if isinstance(message, AudioMessage):
                 received += len(message.pcm)
+            elif isinstance(message, EventMessage) and message.event.type == "stats":
+                dropped = message.event.frames_dropped
 
     task = asyncio.create_task(receive())
     loop_audio = np.concatenate([speech, np.zeros(RATE * 2, np.float32)])
@@ -54,6 +71,8 @@ async def good_session(url: str, speech: np.ndarray, seconds: float, report: Ses
             delay = started + index * FRAME / RATE - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
+        # the last frames' audio, and a stats event counting any drop among them (at most 2 s)
+        await _settle(lambda: received // FRAME + dropped >= index - 2, 2.0)
         await asyncio.sleep(0.5)
     except ConnectionClosed as exc:
         report.errors.append(f"closed by the server: {exc}")
@@ -63,6 +82,7 @@ async def good_session(url: str, speech: np.ndarray, seconds: float, report: Ses
         await client.close()
         await task
         report.frames_received += received // FRAME
+        report.frames_dropped += dropped
 
 
 async def garbage_client(url: str, seconds: float, rng: random.Random) -> int:
@@ -136,6 +156,7 @@ class LatencyRun:
     frames_sent: int = 0
     frames_received: int = 0
     refused: int = 0
+    frames_dropped: int = 0  # Moshi's transport: the drops its stats events reported (others: not counted)
     frames_unmatched: int = 0  # back, but after a drop the server had not yet counted: not timed
     leads: list[float] = field(default_factory=list)  # phone calls: the carrier's playout lead (s) at each arrival
 
@@ -211,6 +232,8 @@ async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.
     with contextlib.suppress(ConnectionClosed):
         await send_paced(send, audio)
         await asyncio.sleep(0.5)
+        if transport == "moshi":  # a drop among the last frames is told by the next stats event (1 s)
+            await _settle(lambda: matcher.back + matcher.offset >= len(sent_at) - 2, 1.5)
     await client.close()
     await task
     matcher.end()
@@ -225,6 +248,7 @@ async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.
     # frames back past the last sent: silence GPT-Live's server fed once the client stopped
     run.frames_received += sum(frame < len(sent_at) for frame, _ in received_at) + matcher.unmatched
     run.frames_unmatched += matcher.unmatched
+    run.frames_dropped += matcher.offset
     if isinstance(client, PhoneCall):
         run.leads.extend(client.leads)
     run.round_trips.extend(trips[3:])  # the first frames carry the connection's warm-up

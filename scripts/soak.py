@@ -24,6 +24,7 @@ from server.settings import ProfileSettings
 from tests.server_harness import (
     ROUND_TRIP_P50_S,
     ROUND_TRIP_P99_S,
+    few_dropped,
     round_trip_ms,
     rss_mb,
     running_server,
@@ -57,9 +58,11 @@ def main() -> int:
                 "free_slots_after": services.runtime.runner.free_slots, "slots": services.runtime.engine.batch_size,
                 "llm_requests": len(llm.requests), "garbage_connections": report["garbage_connections"],
                 "churn_sessions": report["churn_sessions"],
-                "good": [{"frames_sent": g.frames_sent, "real_time_ratio": round(g.real_time_ratio, 4),
+                "good": [{"frames_sent": g.frames_sent, "frames_received": g.frames_received,
+                          "frames_dropped": g.frames_dropped,
                           "errors": g.errors} for g in report["good"]],
                 "probe": {"frames_sent": probe.frames_sent, "frames_received": probe.frames_received,
+                          "frames_dropped": probe.frames_dropped,
                           "round_trip_ms": round_trip_ms(probe),
                           "bound_ms": {"p50": ROUND_TRIP_P50_S * 1000, "p99": ROUND_TRIP_P99_S * 1000}},
             }
@@ -70,12 +73,18 @@ def main() -> int:
 
 
 def passed(result: dict) -> bool:
-    """What tests/test_soak.py asserts: slots freed, no audio lost, every frame back soon."""
+    """What tests/test_soak.py asserts: slots freed, no audio lost without a word (every frame back or
+    reported dropped, a quarter at most dropped), every frame back soon."""
     probe, trips = result["probe"], result["probe"]["round_trip_ms"]
     return (result["free_slots_after"] == result["slots"]
-            and all(g["real_time_ratio"] > 0.95 and not g["errors"] for g in result["good"])
-            and probe["frames_received"] > 0.95 * probe["frames_sent"] and trips["p99"] is not None
+            and all(accounted(g) and not g["errors"] for g in result["good"])
+            and accounted(probe) and trips["p99"] is not None
             and trips["p50"] < ROUND_TRIP_P50_S * 1000 and trips["p99"] < ROUND_TRIP_P99_S * 1000)
+
+
+def accounted(session: dict) -> bool:
+    sent, dropped = session["frames_sent"], session["frames_dropped"]
+    return session["frames_received"] + dropped >= sent - 2 and few_dropped(dropped, sent)
 
 
 if __name__ == "__main__":

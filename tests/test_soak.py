@@ -14,6 +14,7 @@ from server.settings import ProfileSettings
 from .server_harness import (
     ROUND_TRIP_P50_S,
     ROUND_TRIP_P99_S,
+    few_dropped,
     round_trip_ms,
     rss_mb,
     running_server,
@@ -45,10 +46,15 @@ def test_short_soak(voices):
     assert healthy  # the server is up
     for good in report["good"]:
         assert not good.errors
-        assert good.real_time_ratio > 0.95  # every good session kept getting its audio back
+        # every frame of a good session came back or was reported dropped (a busy machine's stall skips
+        # the session to live, counted), but for the last in flight; and most came back
+        assert good.accounted_ratio >= 1 - 2 / good.frames_sent, (good.frames_sent, good.frames_received,
+                                                                   good.frames_dropped)
+        assert few_dropped(good.frames_dropped, good.frames_sent), good.frames_dropped
         assert good.frames_sent >= 0.9 * SECONDS * 12.5
     assert probe.refused == 0 and probe.frames_sent >= 0.9 * SECONDS * 12.5
-    assert probe.frames_received > 0.95 * probe.frames_sent
+    assert probe.frames_received + probe.frames_dropped >= probe.frames_sent - 2, probe  # all accounted ...
+    assert few_dropped(probe.frames_dropped, probe.frames_sent), probe  # ... most back
     figures = round_trip_ms(probe)  # ... and soon: not buffered, not ever later
     assert figures["p50"] < ROUND_TRIP_P50_S * 1000, figures
     assert figures["p99"] < ROUND_TRIP_P99_S * 1000, figures
