@@ -41,6 +41,8 @@ from server.realtime.adapter import subprotocol as realtime_subprotocol
 from server.runner import Carrier, SessionRunner
 from server.services import Services
 from server.settings import ServerSettings
+from server.sip import control as sip_control
+from server.sip.door import SipDoor
 from server.websocket_link import WebSocketLink
 
 logger = logging.getLogger(__name__)
@@ -186,6 +188,8 @@ def create_app(settings: ServerSettings, services: Services | None = None,
                 logger.warning("%s", door.closed)
         if opened := [f"/{door.name}/media" for door in carriers if door.closed is None]:
             logger.info("phone calls: carriers' media streams at %s (docs/telephony.md)", ", ".join(opened))
+        if app.state.sip is not None:
+            await app.state.sip.start()
         if on_ready is not None:
             on_ready(app)
         stop_watching = watch_knowledge(app.state.services)
@@ -196,6 +200,8 @@ def create_app(settings: ServerSettings, services: Services | None = None,
             probe.cancel()
             stop_watching()
             await drain()
+            if app.state.sip is not None:
+                await app.state.sip.close()
             app.state.codec.close()
             await app.state.services.runtime.aclose_llms()  # on the loop that used them
             if services is None:
@@ -230,6 +236,8 @@ def create_app(settings: ServerSettings, services: Services | None = None,
     access = AccessControl(settings, front.counts if front is not None else None)
     app.state.sessions = set()
     app.state.draining = False
+    app.state.sip = SipDoor(settings, app.state) if settings.sip.listen and front is None else None
+    sip_control.register(app, lambda: app.state.sip, access)
 
     async def drain() -> None:
         """Graceful stop: refuse new sessions, tell the current ones, give them time to end."""

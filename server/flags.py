@@ -82,6 +82,13 @@ SERVE_FLAGS = (
         metavar="DIR",
     ),
     Flag(
+        "sip",
+        "sip_listen",
+        "answer SIP calls on HOST:PORT (UDP and TCP): a softphone, a PBX or a SIP trunk calls KAME; from "
+        "loopback only unless [sip] allow_from says more ([sip] in the config, docs/telephony.md)",
+        metavar="HOST:PORT",
+    ),
+    Flag(
         "record",
         "record_dir",
         "keep each session's audio and events in DIR (stores users' voices: off by default)",

@@ -126,6 +126,36 @@ class PhoneSettings(BaseModel):
     keypad_to_llm: bool = True  # keypad digits reach the LLM as the caller's words (a call's `keypad=off`: not)
 
 
+class SipSettings(BaseModel):
+    """[sip]: KAME as a SIP endpoint, with OpenAI's call control (`kame serve --sip`; docs/telephony.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+    listen: str | None = None  # HOST:PORT for SIP over UDP and TCP (e.g. 0.0.0.0:5060); None: no SIP
+    # SIP over TLS on tls_port (default: the listen port + 1) with this certificate chain and key (PEM files)
+    tls_certificate: str | None = None
+    tls_key: str | None = None
+    tls_port: int | None = Field(None, ge=1, le=65535)
+    public_host: str | None = None  # the address in Contact and SDP (behind NAT); None: the local one toward the peer
+    # who may send an INVITE (addresses or networks): a trunk's or a PBX's; anyone else gets 403 before anything runs
+    allow_from: list[str] = Field(default_factory=lambda: ["127.0.0.0/8", "::1/128"])
+    # OpenAI's incoming-call webhooks posted here (the application accepts over REST); None: every call allowed in
+    # is answered at once with the server's default session
+    webhook_url: str | None = None
+    webhook_secret: SecretStr | None = None  # whsec_...: the Standard Webhooks signature (unsigned without it)
+    webhook_events: list[Literal["realtime.call.incoming", "live.transport.incoming"]] = Field(
+        default_factory=lambda: ["realtime.call.incoming", "live.transport.incoming"])
+    ring_timeout_s: float = Field(30.0, gt=0, le=300)  # a call nobody accepts by then is declined (480)
+    codecs: list[Literal["PCMU", "PCMA"]] = Field(default_factory=lambda: ["PCMU", "PCMA"])  # our preference
+    rtp_host: str | None = None  # where RTP binds (default: the listen host)
+    rtp_port_min: int = Field(0, ge=0, le=65535)  # RTP ports (even ones) from this range; 0: any free port
+    rtp_port_max: int = Field(0, ge=0, le=65535)
+    rtp_timeout_s: float = Field(30.0, gt=0)  # no RTP this long (not on hold): the call is ended
+    jitter_ms: int = Field(60, ge=20, le=400)  # the jitter buffer's depth at the start (it adapts up to 200 ms)
+    requests_per_s: float = Field(20.0, gt=0)  # SIP requests per source address (a burst of 3x): beyond, dropped
+    # the trunks outbound calls (GPT-Live's SIP transport) may go to without TLS (a PBX on this network): host[:port]
+    trusted_trunks: list[str] = Field(default_factory=list)
+
+
 class EchoSettings(_options_table(EchoOptions)):
     """[echo]: echo cancellation of telephone sessions (kame.aec.EchoOptions; docs/echo.md)."""
 
@@ -157,6 +187,7 @@ class ServerSettings(BaseSettings):
     realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
     echo: EchoSettings = Field(default_factory=EchoSettings)
     phone: PhoneSettings = Field(default_factory=PhoneSettings)
+    sip: SipSettings = Field(default_factory=SipSettings)
     tools: dict[str, ToolConfig] = Field(default_factory=dict)  # [tools.NAME]; none: the LLM is offered no tools
     knowledge: KnowledgeSettings = Field(default_factory=KnowledgeSettings)
     replica: str | None = Field(None, exclude=True)  # set by `kame serve --ray` in each replica: its stable id
@@ -302,6 +333,9 @@ def load_settings(config_file: str | Path | None = None, **cli: object) -> Serve
     end_of_turn = cli.pop("end_of_turn", None)  # --end-of-turn: [whisper] end_of_turn (merged with the rest)
     if end_of_turn is not None:
         cli["whisper"] = {**(cli.get("whisper") or {}), "end_of_turn": end_of_turn}
+    sip_listen = cli.pop("sip_listen", None)  # --sip HOST:PORT: [sip] listen (the rest of [sip] kept)
+    if sip_listen is not None:
+        cli["sip"] = {**(cli.get("sip") or _TomlSource.data.get("sip") or {}), "listen": sip_listen}
     knowledge_dir = cli.pop("knowledge_dir", None)  # --knowledge DIR: over [knowledge] dir, the rest kept
     if knowledge_dir is not None:
         table = cli.get("knowledge") or _TomlSource.data.get("knowledge") or {}

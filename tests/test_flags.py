@@ -13,7 +13,7 @@ from server.flags import MODEL_FLAGS, SERVE_FLAGS, add_flags, given
 from server.settings import ServerSettings, WhisperSettings, load_settings
 
 FOLDED = {"end_of_turn": WhisperSettings.model_fields["end_of_turn"].annotation,  # load_settings folds these in
-          "knowledge_dir": str}
+          "knowledge_dir": str, "sip_listen": str}
 
 
 def _annotation(setting: str):

@@ -9,6 +9,7 @@ history when the caller talks over it, keypad digits, and the call's end.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 from collections.abc import Coroutine
 
@@ -39,6 +40,7 @@ from server.runner import Finished, Limit, Message, SessionRunner
 
 logger = logging.getLogger(__name__)
 
+KEYPAD = set("0123456789*#ABCD")
 DIGITS_END_S = 1.0  # a run of keypad digits ends this long after its last digit (or at '#')
 SAID_PIECES = 1000  # of the assistant's words kept for a truncation: 80 s at a piece a frame
 # a stream holds a session slot from its first byte: one that has not said which call it carries by then
@@ -72,6 +74,19 @@ class NothingToTheCaller:
 
     def may_get(self, event: dict) -> bool:
         return False
+
+
+def _dtmf_send(text: str | None) -> tuple[str, str | None] | None:
+    """(the key, its event_id) of a sideband's `transport.dtmf.send`; None for any other event."""
+    if text is None or "transport.dtmf.send" not in text:
+        return None
+    try:
+        event = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or event.get("type") != "transport.dtmf.send":
+        return None
+    return event.get("event"), event.get("event_id") if isinstance(event.get("event_id"), str) else None
 
 
 def live_session(params: dict[str, str], default_profile: str) -> SessionConfig:
@@ -175,7 +190,28 @@ class PhoneCarrier:
         return self.live.replayed()
 
     def steer(self, text: str | None, sideband) -> None:
-        self.live.steer(text, sideband)
+        command = _dtmf_send(text)
+        if command is None:
+            self.live.steer(text, sideband)
+            return
+        try:
+            self._send_digit(*command)
+        except LiveError as exc:
+            sideband.put(self.live.mapping.outbox.error_event(exc), False)
+
+    def _send_digit(self, digit: str, client_event_id: str | None) -> None:
+        """A sideband's `transport.dtmf.send`: the key pressed on the caller's line (SIP only: a carrier's media
+        stream cannot send one), then `transport.dtmf.sent` to the sidebands."""
+        send = getattr(self.stream, "digit", None)
+        if send is None:
+            raise LiveError("unsupported", "transport.dtmf.send is supported only for SIP calls, not "
+                            f"{self.stream.name}", "type", client_event_id)
+        if not (isinstance(digit, str) and len(digit) == 1 and digit.upper() in KEYPAD):
+            raise LiveError("invalid_value", "event: one of 0-9, A-D, * or #", "event", client_event_id)
+        for message in send(digit.upper()):
+            self.runner.send(message)
+        self.live.mapping.outbox.emit("transport.dtmf.sent", client_event_id=client_event_id, event=digit.upper())
+        self.live.carry_out()
 
     # ---------------------------------------------------------------- the call
 

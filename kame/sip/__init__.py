@@ -1,0 +1,1 @@
+"""A small asyncio SIP stack: messages, SDP, digest auth, transactions, dialogs, RTP (docs/telephony.md)."""

@@ -1,0 +1,84 @@
+"""OpenAI's SIP call control, as the openai SDK calls it: `POST /v1/realtime/calls/{call_id}/accept|reject|refer|
+hangup` and `POST /v1/live/sessions/{session_id}/accept|reject|refer|hangup`, with the server's token (a client
+secret does not steer calls). Whichever accept comes first runs the call; the other gets 409."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from server.access import AccessControl
+from server.http_errors import error_response
+from server.sip.door import ControlError, SipDoor, session_params
+
+MAX_BODY_BYTES = 256 * 1024  # a session's configuration (instructions, tools) is a few KB
+
+
+def register(app: FastAPI, door: Callable[[], SipDoor | None], access: AccessControl) -> None:
+    for kind, prefix, name in (("realtime", "/v1/realtime/calls", "call_id"),
+                               ("live", "/v1/live/sessions", "session_id")):
+        for action in ("accept", "reject", "refer", "hangup"):
+            app.add_api_route(f"{prefix}/{{{name}}}/{action}", _route(kind, action, name, door, access),
+                              methods=["POST"], name=f"sip_{kind}_{action}")
+
+
+def _route(kind: str, action: str, name: str, door: Callable[[], SipDoor | None], access: AccessControl):
+    async def control(request: Request) -> Response:
+        refusal = access.credentials(request)
+        if refusal is None and not access.trusted(request):
+            return error_response(401, "invalid_request_error", "unauthorized",
+                                  "call control needs the server's token, not a client secret")
+        if refusal is not None:
+            return error_response(refusal.status, "invalid_request_error", "unauthorized", refusal.reason)
+        sip = door()
+        if sip is None:
+            return error_response(404, "invalid_request_error", "sip_disabled",
+                                  "this server takes no SIP calls (kame serve --sip HOST:PORT)")
+        try:
+            body = await _json(request)
+            await _act(sip, kind, action, request.path_params[name], body)
+        except ControlError as exc:
+            return error_response(exc.status, "invalid_request_error", exc.code, str(exc))
+        return JSONResponse({}, status_code=200)
+
+    control.__name__ = f"sip_{kind}_{action}"
+    return control
+
+
+async def _act(sip: SipDoor, kind: str, action: str, call_id: str, body: dict) -> None:
+    if action == "accept":
+        if kind == "realtime" and body.get("type") not in ("realtime", None):
+            raise ControlError(400, "invalid_value", "a Realtime call is accepted with a session of type 'realtime'")
+        await sip.accept(call_id, kind, session_params(kind, body))
+    elif action == "reject":
+        status = body.get("status_code", 603 if kind == "realtime" else None)
+        if not isinstance(status, int):
+            raise ControlError(400, "missing_required_parameter", "status_code (an integer, 400-699) is required")
+        sip.reject(call_id, status)
+    elif action == "refer":
+        target = body.get("target_uri")
+        if not isinstance(target, str) or not target:
+            raise ControlError(400, "missing_required_parameter", "target_uri (sip: or tel:) is required")
+        await sip.refer(call_id, target)
+    else:
+        await sip.hangup(call_id)
+
+
+async def _json(request: Request) -> dict:
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > MAX_BODY_BYTES:
+            raise ControlError(413, "request_too_large", f"a body of at most {MAX_BODY_BYTES} bytes")
+    if not data.strip():
+        return {}
+    try:
+        body = json.loads(data)
+    except ValueError:
+        raise ControlError(400, "invalid_json", "the body is not JSON") from None
+    if not isinstance(body, dict):
+        raise ControlError(400, "invalid_json", "the body must be a JSON object")
+    return body

@@ -1,0 +1,357 @@
+"""KAME's SIP door: INVITEs in (from the addresses allowed), the call rung and announced by OpenAI's webhooks,
+then answered by the REST call control (or at once, with no webhook configured); an answered call runs the
+phone path (server/phone/carrier.py) over RTP. A call costs nothing before it is accepted but its webhook
+posts: no slot, no model, no RTP port."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import secrets
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kame.sip.rtp import RtpFormat, RtpSession
+
+from kame.errors import EngineError, SessionError
+from kame.sip import sdp
+from kame.sip.message import SipError
+from kame.sip.transport import SipTransport
+from kame.sip.ua import CallFailed, SipCall, SipEndpoint
+from server.phone.carrier import PhoneCarrier
+from server.runner import SessionRunner
+from server.settings import ServerSettings
+from server.sip.link import RtpLink, SipStream
+from server.sip.webhooks import WebhookPoster, live_transport_incoming, realtime_call_incoming
+
+logger = logging.getLogger(__name__)
+
+SILENCE = {"PCMU": b"\xff", "PCMA": b"\xd5"}
+ENCODING = {"PCMU": "audio/pcmu", "PCMA": "audio/pcma"}
+REALTIME_MODELS = ("gpt-realtime", "gpt-4o-realtime", "gpt-4o-mini-realtime", "gpt-live")  # OpenAI's, not a profile
+
+
+class ControlError(Exception):
+    """A call-control request that cannot be done: `status` (HTTP), `code`, the message."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+@dataclass
+class Call:
+    """A SIP call from its INVITE to its end: its ids (OpenAI's Realtime call id, GPT-Live's session id)."""
+
+    sip: SipCall
+    offer: sdp.SessionDescription
+    realtime_id: str = field(default_factory=lambda: "rtc_" + secrets.token_hex(16))
+    live_id: str = field(default_factory=lambda: "live_" + secrets.token_hex(16))
+    accepted_by: str | None = None  # "realtime" | "live" | "default"
+    runner: SessionRunner | None = None
+    link: RtpLink | None = None
+    rtp: RtpSession | None = None
+    ring_timer: asyncio.TimerHandle | None = None
+    tasks: set[asyncio.Task] = field(default_factory=set)
+
+
+class SipDoor:
+    """The SIP endpoint of one server: `start()` at the app's start-up, `close()` at its end."""
+
+    def __init__(self, settings: ServerSettings, state) -> None:
+        self.settings, self.sip, self.state = settings, settings.sip, state  # state: the app's (services, sessions)
+        self.allowed = [ipaddress.ip_network(net, strict=False) for net in self.sip.allow_from]
+        self.calls: dict[str, Call] = {}  # by either id
+        self.transport = SipTransport(lambda message, flow: None)
+        self.endpoint = SipEndpoint(self.transport, self._on_invite, public_host=self.sip.public_host,
+                                    rate=self.sip.requests_per_s, burst=self.sip.requests_per_s * 3)
+        self.poster: WebhookPoster | None = None
+        self.refused = 0
+
+    async def start(self) -> None:
+        host, port = parse_listen(self.sip.listen or "")
+        tls = None
+        if self.sip.tls_certificate:
+            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            tls.load_cert_chain(self.sip.tls_certificate, self.sip.tls_key)
+        await self.transport.start(host, port, tls=tls, tls_port=self.sip.tls_port)
+        if self.sip.webhook_url:
+            secret = self.sip.webhook_secret.get_secret_value() if self.sip.webhook_secret else None
+            self.poster = WebhookPoster(self.sip.webhook_url, secret)
+        logger.info("SIP: listening on %s:%d (UDP, TCP%s); calls from %s %s", host, self.transport.port,
+                    f", TLS on {self.transport.tls_port}" if tls else "", ", ".join(self.sip.allow_from),
+                    f"announced to {self.sip.webhook_url}" if self.poster else "answered with the default session")
+
+    async def close(self) -> None:
+        for call in list({id(c): c for c in self.calls.values()}.values()):
+            if call.runner is None:
+                call.sip.reject(503, "the server is shutting down")
+        await self.transport.close()
+        if self.poster is not None:
+            await self.poster.aclose()
+
+    # ---------------------------------------------------------------- a new call
+
+    def _on_invite(self, sip_call: SipCall) -> None:
+        source = sip_call.flow.address[0]
+        if not self._allowed(source):
+            self.refused += 1
+            logger.info("SIP: an INVITE from %s refused: not in [sip] allow_from", source)
+            sip_call.reject(403, "not allowed to call this server")
+            return
+        services = self.state.services
+        if services is None or self.state.draining:
+            sip_call.reject(503, "the server is not taking calls now")
+            return
+        if services.runtime.runner.free_slots <= 0:
+            logger.info("SIP call from %s refused: every session slot is in use", source)
+            sip_call.reject(486, "every session slot is in use")
+            return
+        try:
+            offer = sdp.parse(sip_call.offer.decode("utf-8", "replace"))
+            sdp.answer(offer, address="0.0.0.0", port=9, session_id=1, session_version=1,
+                       supported=tuple(self.sip.codecs))  # only to check a codec fits, before ringing
+        except sdp.NoCommonCodec as exc:
+            sip_call.reject(488, str(exc)[:80])
+            return
+        except sdp.SdpError as exc:
+            sip_call.reject(400 if sip_call.offer else 488, f"the offer: {exc}"[:80])
+            return
+        call = Call(sip_call, offer)
+        sip_call.handler = _Handler(self, call)
+        self.calls[call.realtime_id] = self.calls[call.live_id] = call
+        if self.poster is None:
+            self._spawn(call, self._accept(call, "default", {}), "answer")
+            return
+        sip_call.ringing()
+        call.ring_timer = asyncio.get_running_loop().call_later(self.sip.ring_timeout_s, self._unanswered, call)
+        for event in self.sip.webhook_events:
+            self._spawn(call, self._announce(call, event), "webhook")
+
+    def _allowed(self, source: str) -> bool:
+        try:
+            address = ipaddress.ip_address(source)
+        except ValueError:
+            return False
+        return any(address in network for network in self.allowed)
+
+    async def _announce(self, call: Call, event: str) -> None:
+        headers = call.sip.sip_headers()
+        body = (realtime_call_incoming(call.realtime_id, headers) if event == "realtime.call.incoming"
+                else live_transport_incoming(call.live_id, headers))
+        assert self.poster is not None
+        delivery = await self.poster.post(body, still_wanted=lambda: call.accepted_by is None
+                                          and call.sip.state == "ringing")
+        if not delivery.delivered and call.sip.state == "ringing":
+            logger.warning("SIP call %s: the %s webhook was not delivered (%s)", call.realtime_id, event,
+                           delivery.error or delivery.status)
+
+    def _unanswered(self, call: Call) -> None:
+        if call.accepted_by is None and call.sip.state == "ringing":
+            logger.info("SIP call %s: not accepted within %.0f s: declined", call.realtime_id, self.sip.ring_timeout_s)
+            call.sip.reject(480, "nobody accepted the call")
+
+    # ---------------------------------------------------------------- call control (REST)
+
+    def find(self, call_id: str) -> Call:
+        call = self.calls.get(call_id)
+        if call is None:
+            raise ControlError(404, "call_not_found", f"no call {call_id!r}")
+        return call
+
+    async def accept(self, call_id: str, kind: str, params: dict[str, str]) -> None:
+        call = self.find(call_id)
+        if call.accepted_by is not None:
+            raise ControlError(409, "call_already_accepted",
+                               f"the call was accepted already (by the {call.accepted_by} call control)")
+        if call.sip.state != "ringing":
+            raise ControlError(409, "call_ended", f"the call is over ({call.sip.end_reason})")
+        await self._accept(call, kind, params)
+
+    def reject(self, call_id: str, status: int) -> None:
+        call = self.find(call_id)
+        if call.accepted_by is not None or call.sip.state != "ringing":
+            raise ControlError(409, "call_not_ringing", "only a ringing call can be rejected (hang up an answered one)")
+        if not 400 <= status <= 699:
+            raise ControlError(400, "invalid_value", f"status_code {status}: a SIP failure (400-699)")
+        call.sip.reject(status)
+
+    async def refer(self, call_id: str, target: str) -> None:
+        call = self.find(call_id)
+        try:
+            status = await call.sip.refer(target)
+        except SipError as exc:
+            raise ControlError(409 if exc.status == 481 else 400, "refer_failed", str(exc)) from None
+        if status >= 300:
+            raise ControlError(502, "refer_refused", f"the caller's side answered the REFER {status}")
+
+    async def hangup(self, call_id: str) -> None:
+        call = self.find(call_id)
+        if call.sip.state == "ended":
+            raise ControlError(409, "call_ended", f"the call is over ({call.sip.end_reason})")
+        await call.sip.hangup("hung up by the call control")
+
+    # ---------------------------------------------------------------- answering
+
+    async def _accept(self, call: Call, kind: str, params: dict[str, str]) -> None:
+        call.accepted_by = kind
+        if call.ring_timer is not None:
+            call.ring_timer.cancel()
+        services = self.state.services
+        runner = tandem = rtp = None
+        try:
+            rtp = await RtpSession.open(self._rtp_host(call), ports=self._rtp_ports(), jitter_ms=self.sip.jitter_ms,
+                                        timeout_s=self.sip.rtp_timeout_s)
+            answer, codec, dtmf = sdp.answer(call.offer, address=self._media_address(call), port=rtp.port,
+                                             session_id=secrets.randbelow(2**31), session_version=1,
+                                             supported=tuple(self.sip.codecs))
+            link = RtpLink(call.sip, rtp)
+            runner = SessionRunner(services, link, "sip")
+            runner.id = call.live_id  # GPT-Live's sideband attaches by it
+            tandem = await runner.open(services.settings.session_config(stats_interval_s=None))
+        except (EngineError, SessionError) as exc:
+            await _discard(rtp, runner, tandem)
+            call.sip.reject(486 if isinstance(exc, EngineError) else 500, str(exc)[:80])
+            raise ControlError(503, "server_busy", str(exc)) from None
+        except BaseException:
+            await _discard(rtp, runner, tandem)
+            call.sip.reject(500)
+            raise
+        phone = self.settings.phone
+        carrier = PhoneCarrier(runner, tandem, SipStream(), lead_frames=phone.lead_frames,
+                               keypad_to_llm=phone.keypad_to_llm)
+        call.runner, call.link, call.rtp = runner, link, rtp
+        call.sip.accept(answer.encode())
+        audio = call.offer.audio()
+        assert audio is not None
+        rtp.start((audio.address, audio.port), RtpFormat(codec.payload_type, silence=SILENCE[codec.name],
+                                                         dtmf_payload_type=dtmf.payload_type if dtmf else None),
+                  on_audio=link.audio, on_digit=link.digit,
+                  on_timeout=lambda: link.stopped(f"no RTP for {self.sip.rtp_timeout_s:.0f} s"))
+        link.started(call.realtime_id, ENCODING[codec.name], params)
+        self.state.sessions.add(runner)
+        self._spawn(call, self._run(call, runner, tandem, carrier), "session")
+        logger.info("SIP call %s from %s answered (%s, %s): session %s", call.realtime_id, call.sip.flow.address[0],
+                    kind, codec.name, runner.id)
+
+    async def _run(self, call: Call, runner: SessionRunner, tandem, carrier: PhoneCarrier) -> None:
+        try:
+            await runner.run(tandem, carrier)
+        finally:
+            self.state.sessions.discard(runner)
+            if call.rtp is not None:
+                await call.rtp.close()
+            if call.sip.state != "ended":
+                await call.sip.hangup("the session ended")
+
+    def _rtp_host(self, call: Call) -> str:
+        return self.sip.rtp_host or parse_listen(self.sip.listen or "")[0]
+
+    def _rtp_ports(self) -> tuple[int, int] | None:
+        return (self.sip.rtp_port_min, self.sip.rtp_port_max) if self.sip.rtp_port_min else None
+
+    def _media_address(self, call: Call) -> str:
+        """The address our SDP names: the public host, else the one the peer reaches us on."""
+        return self.endpoint.local_address(call.sip.flow)[0]
+
+    def _forget(self, call: Call) -> None:
+        if call.ring_timer is not None:
+            call.ring_timer.cancel()
+        loop = asyncio.get_running_loop()
+        for key in (call.realtime_id, call.live_id):  # control requests soon after the end get "call_ended"
+            loop.call_later(60.0, self.calls.pop, key, None)
+
+    def _spawn(self, call: Call, coro, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=f"sip-{name}-{call.realtime_id}")
+        call.tasks.add(task)
+        task.add_done_callback(lambda done: (call.tasks.discard(done), _log_failure(done)))
+
+
+class _Handler:
+    """What the peer does to one call, passed on to the call's session."""
+
+    def __init__(self, door: SipDoor, call: Call) -> None:
+        self.door, self.call = door, call
+
+    def confirmed(self, sip_call: SipCall) -> None:
+        pass
+
+    def ended(self, sip_call: SipCall, reason: str) -> None:
+        if self.call.link is not None:
+            self.call.link.stopped(reason)
+        self.door._forget(self.call)
+
+    def reoffer(self, sip_call: SipCall, offer_bytes: bytes) -> bytes:
+        """A re-INVITE: hold (sendonly/inactive), resume, or a new address or codec."""
+        try:
+            offer = sdp.parse(offer_bytes.decode("utf-8", "replace"))
+            rtp = self.call.rtp
+            port = rtp.port if rtp is not None else 9
+            answer, codec, dtmf = sdp.answer(offer, address=self.door._media_address(self.call), port=port,
+                                             session_id=secrets.randbelow(2**31), session_version=2,
+                                             supported=tuple(self.door.sip.codecs))
+        except sdp.SdpError as exc:
+            raise SipError(str(exc)[:80], 488) from None
+        audio = offer.audio()
+        if rtp is not None and audio is not None:
+            hold = audio.direction in ("sendonly", "inactive") or audio.address in ("0.0.0.0", "::")
+            rtp.update((audio.address, audio.port) if not hold else None,
+                       RtpFormat(codec.payload_type, silence=SILENCE[codec.name],
+                                 dtmf_payload_type=dtmf.payload_type if dtmf else None), hold=hold)
+        self.call.offer = offer
+        return answer.encode()
+
+    def digit(self, sip_call: SipCall, digit: str) -> None:
+        if self.call.link is not None:
+            self.call.link.digit(digit)
+
+    def transfer(self, sip_call: SipCall, status_line: str) -> None:
+        logger.info("SIP call %s: the transfer: %s", self.call.realtime_id, status_line)
+
+
+async def _discard(rtp: RtpSession | None, runner: SessionRunner | None, tandem) -> None:
+    if tandem is not None:
+        await tandem.aclose()
+    if runner is not None:
+        await runner.discard_recording()
+    if rtp is not None:
+        await rtp.close()
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None and not isinstance(task.exception(), ControlError):
+        logger.error("SIP: %s failed", task.get_name(), exc_info=task.exception())
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"[sip] listen {listen!r}: HOST:PORT, e.g. 127.0.0.1:5060")
+    return host.strip("[]"), int(port)
+
+
+def session_params(kind: str, body: dict) -> dict[str, str]:
+    """What the phone path takes of an accept's session: instructions, the voice, a model KAME serves (an
+    OpenAI model's name means the server's default). Realtime's body is the session itself; Live's has it
+    under `session`."""
+    session = body.get("session", body) if kind == "live" else body
+    if not isinstance(session, dict):
+        raise ControlError(400, "invalid_value", "the session must be an object")
+    params: dict[str, str] = {}
+    if isinstance(session.get("instructions"), str):
+        params["instructions"] = session["instructions"]
+    voice = ((session.get("audio") or {}).get("output") or {}).get("voice") or session.get("voice")
+    if isinstance(voice, str):
+        params["voice"] = voice
+    model = session.get("model")
+    delegation = session.get("delegation") or {}
+    if kind == "live" and isinstance(delegation, dict):
+        model = (delegation.get("responses") or {}).get("model") or model
+    if isinstance(model, str) and model and not model.startswith(REALTIME_MODELS):
+        params["llm"] = model
+    return params
+
+
+_unused: Callable | None = CallFailed  # outbound calls (GPT-Live's SIP transport) are not wired yet
