@@ -285,6 +285,9 @@ def create_app(settings: ServerSettings, services: Services | None = None,
 
     @app.post("/v1/live/sessions")
     async def live_webrtc(request: Request) -> Response:
+        outbound = await sip_control.sip_transport_create(request, app.state.sip, access)
+        if outbound is not None:  # transport.type "sip": an outbound call (server/sip/door.py)
+            return outbound
         if webrtc is None:
             return error_response(501, "server_error", "webrtc_unavailable", WEBRTC_MISSING)
         return await webrtc.create(request, app.state.services, access, app.state.sessions, app.state.draining)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -208,3 +209,33 @@ def test_a_call_beyond_the_slots_hears_busy_at_once(sip_llm, question_wav, tmp_p
         alice.wait_for("CALL_CLOSED")
         wait_until(lambda: free_slots(services) == 1, "the slot came back", 10)
 
+
+
+def test_an_outbound_call_through_a_trusted_trunk(sip_llm, question_wav, tmp_path):
+    """GPT-Live's SIP transport: KAME dials baresip (the trunk and the callee at once), which answers on its own;
+    its question reaches the LLM; the SDK's hangup ends the call at baresip. A trunk not trusted for plain SIP
+    is refused before anything is dialled."""
+    require_baresip()
+    with Baresip(tmp_path / "alice", question_wav) as alice:
+        port, server = sip_server(sip_llm, trusted_trunks=[f"127.0.0.1:{alice.port}"])
+        with server as (url, services):
+            http = url.replace("ws://", "http://")
+            headers = {"Authorization": f"Bearer {TOKEN}"}
+
+            def dial(provider_url: str) -> httpx.Response:
+                return httpx.post(f"{http}/v1/live/sessions", headers=headers, timeout=40, json={
+                    "session": {"model": "gpt-live", "type": "live", "instructions": "You call for the tests."},
+                    "transport": {"type": "sip", "destination": "alice",
+                                  "trunk": {"provider_url": provider_url, "caller_number": "+15550001111"}}})
+
+            refused = dial("sip:192.0.2.77:5060")
+            assert refused.status_code == 403 and refused.json()["error"]["code"] == "trunk_not_trusted"
+            reply = dial(f"sip:127.0.0.1:{alice.port}")
+            assert reply.status_code == 200, reply.text
+            session_id = reply.json()["session"]["id"]
+            established = alice.wait_for("CALL_ESTABLISHED")
+            assert established["direction"] == "incoming" and "+15550001111" in established["peeruri"]
+            wait_until(lambda: asked(sip_llm, SPIDER), "the callee's question reached the LLM", 40)
+            kame_client(url).live.sessions.hangup(session_id)
+            alice.wait_for("CALL_CLOSED")
+            wait_until(lambda: free_slots(services) == 2, "the slot came back", 10)

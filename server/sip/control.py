@@ -15,6 +15,7 @@ from server.http_errors import error_response
 from server.sip.door import ControlError, SipDoor, session_params
 
 MAX_BODY_BYTES = 256 * 1024  # a session's configuration (instructions, tools) is a few KB
+PEEK_LIMIT_BYTES = 8 * 1024 * 1024  # POST /v1/live/sessions read to see its transport (a WebRTC offer: KBs)
 
 
 def register(app: FastAPI, door: Callable[[], SipDoor | None], access: AccessControl) -> None:
@@ -48,6 +49,36 @@ def _route(kind: str, action: str, name: str, door: Callable[[], SipDoor | None]
     return control
 
 
+async def sip_transport_create(request: Request, door: SipDoor | None, access: AccessControl) -> Response | None:
+    """`POST /v1/live/sessions` with `transport: {type: "sip", destination, trunk}`: KAME dials out through the
+    trunk and answers once the callee has (None: not a SIP transport; the WebRTC route takes the request)."""
+    if "json" not in request.headers.get("content-type", ""):
+        return None
+    try:
+        body = await _json(request, PEEK_LIMIT_BYTES)
+    except ControlError as exc:
+        if exc.status == 413:
+            return error_response(413, "invalid_request_error", exc.code, str(exc))
+        return None  # the WebRTC route reads the body again and says what is wrong with it
+    transport = body.get("transport")
+    if not isinstance(transport, dict) or transport.get("type") != "sip":
+        return None
+    refusal = access.credentials(request)
+    if refusal is not None or not access.trusted(request):
+        return error_response(401, "invalid_request_error", "unauthorized",
+                              "an outbound call needs the server's token")
+    if door is None:
+        return error_response(400, "invalid_request_error", "sip_disabled",
+                              "this server makes no SIP calls (kame serve --sip HOST:PORT)", "transport.type")
+    try:
+        call = await door.dial(session_params("live", body), transport)
+    except ControlError as exc:
+        return error_response(exc.status, "invalid_request_error", exc.code, str(exc))
+    return JSONResponse({"session": {"id": call.live_id, "object": "live.session", "type": "live"},
+                         "transport": {"type": "sip", "destination": transport["destination"], "status": "answered",
+                                       "call_id": call.realtime_id}})
+
+
 async def _act(sip: SipDoor, kind: str, action: str, call_id: str, body: dict) -> None:
     if action == "accept":
         if kind == "realtime" and body.get("type") not in ("realtime", None):
@@ -67,12 +98,13 @@ async def _act(sip: SipDoor, kind: str, action: str, call_id: str, body: dict) -
         await sip.hangup(call_id)
 
 
-async def _json(request: Request) -> dict:
+async def _json(request: Request, limit: int = MAX_BODY_BYTES) -> dict:
     data = bytearray()
     async for chunk in request.stream():
         data += chunk
-        if len(data) > MAX_BODY_BYTES:
-            raise ControlError(413, "request_too_large", f"a body of at most {MAX_BODY_BYTES} bytes")
+        if len(data) > limit:
+            raise ControlError(413, "request_too_large", f"a body of at most {limit} bytes")
+    request._body = bytes(data)  # Starlette's cache: a route after this one reads the same body again
     if not data.strip():
         return {}
     try:

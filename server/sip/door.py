@@ -10,14 +10,12 @@ import ipaddress
 import logging
 import secrets
 import ssl
-from collections.abc import Callable
 from dataclasses import dataclass, field
-
-from kame.sip.rtp import RtpFormat, RtpSession
 
 from kame.errors import EngineError, SessionError
 from kame.sip import sdp
-from kame.sip.message import SipError
+from kame.sip.message import SipError, SipUri
+from kame.sip.rtp import RtpFormat, RtpSession
 from kame.sip.transport import SipTransport
 from kame.sip.ua import CallFailed, SipCall, SipEndpoint
 from server.phone.carrier import PhoneCarrier
@@ -174,8 +172,8 @@ class SipDoor:
         call = self.find(call_id)
         if call.accepted_by is not None or call.sip.state != "ringing":
             raise ControlError(409, "call_not_ringing", "only a ringing call can be rejected (hang up an answered one)")
-        if not 400 <= status <= 699:
-            raise ControlError(400, "invalid_value", f"status_code {status}: a SIP failure (400-699)")
+        if not 300 <= status <= 699:
+            raise ControlError(400, "invalid_value", f"status_code {status}: a SIP final status (300-699)")
         call.sip.reject(status)
 
     async def refer(self, call_id: str, target: str) -> None:
@@ -199,42 +197,137 @@ class SipDoor:
         call.accepted_by = kind
         if call.ring_timer is not None:
             call.ring_timer.cancel()
-        services = self.state.services
-        runner = tandem = rtp = None
         try:
-            rtp = await RtpSession.open(self._rtp_host(call), ports=self._rtp_ports(), jitter_ms=self.sip.jitter_ms,
-                                        timeout_s=self.sip.rtp_timeout_s)
-            answer, codec, dtmf = sdp.answer(call.offer, address=self._media_address(call), port=rtp.port,
-                                             session_id=secrets.randbelow(2**31), session_version=1,
-                                             supported=tuple(self.sip.codecs))
-            link = RtpLink(call.sip, rtp)
-            runner = SessionRunner(services, link, "sip")
-            runner.id = call.live_id  # GPT-Live's sideband attaches by it
-            tandem = await runner.open(services.settings.session_config(stats_interval_s=None))
+            rtp, link, runner, tandem = await self._open(call.sip, call.live_id)
         except (EngineError, SessionError) as exc:
-            await _discard(rtp, runner, tandem)
             call.sip.reject(486 if isinstance(exc, EngineError) else 500, str(exc)[:80])
             raise ControlError(503, "server_busy", str(exc)) from None
         except BaseException:
-            await _discard(rtp, runner, tandem)
             call.sip.reject(500)
             raise
+        try:
+            answer, codec, dtmf = sdp.answer(call.offer, address=self._media_address(call.sip), port=rtp.port,
+                                             session_id=secrets.randbelow(2**31), session_version=1,
+                                             supported=tuple(self.sip.codecs))
+        except sdp.SdpError as exc:
+            await _discard(rtp, runner, tandem)
+            call.sip.reject(488, str(exc)[:80])
+            raise ControlError(400, "invalid_offer", str(exc)) from None
+        call.sip.accept(answer.encode())
+        audio = call.offer.audio()
+        assert audio is not None
+        self._run_call(call, rtp, link, runner, tandem, (audio.address, audio.port), codec, dtmf, params)
+        logger.info("SIP call %s from %s answered (%s, %s): session %s", call.realtime_id, call.sip.flow.address[0],
+                    kind, codec.name, runner.id)
+
+    async def _open(self, sip_call: SipCall | None, session_id: str):
+        """The call's RTP port and session slot: (rtp, link, runner, tandem); all given back on a failure."""
+        services = self.state.services
+        rtp = runner = tandem = None
+        try:
+            rtp = await RtpSession.open(self._rtp_host(), ports=self._rtp_ports(), jitter_ms=self.sip.jitter_ms,
+                                        timeout_s=self.sip.rtp_timeout_s)
+            link = RtpLink(sip_call, rtp)
+            runner = SessionRunner(services, link, "sip")
+            runner.id = session_id  # GPT-Live's sideband attaches by it
+            tandem = await runner.open(services.settings.session_config(stats_interval_s=None))
+        except BaseException:
+            await _discard(rtp, runner, tandem)
+            raise
+        return rtp, link, runner, tandem
+
+    def _run_call(self, call: Call, rtp: RtpSession, link: RtpLink, runner: SessionRunner, tandem,
+                  remote: tuple[str, int], codec: sdp.Codec, dtmf: sdp.Codec | None, params: dict[str, str]) -> None:
+        """Media both ways and the phone path's session on the call, as a task among the server's sessions."""
         phone = self.settings.phone
         carrier = PhoneCarrier(runner, tandem, SipStream(), lead_frames=phone.lead_frames,
                                keypad_to_llm=phone.keypad_to_llm)
         call.runner, call.link, call.rtp = runner, link, rtp
-        call.sip.accept(answer.encode())
-        audio = call.offer.audio()
-        assert audio is not None
-        rtp.start((audio.address, audio.port), RtpFormat(codec.payload_type, silence=SILENCE[codec.name],
-                                                         dtmf_payload_type=dtmf.payload_type if dtmf else None),
+        rtp.start(remote, RtpFormat(codec.payload_type, silence=SILENCE[codec.name],
+                                    dtmf_payload_type=dtmf.payload_type if dtmf else None),
                   on_audio=link.audio, on_digit=link.digit,
                   on_timeout=lambda: link.stopped(f"no RTP for {self.sip.rtp_timeout_s:.0f} s"))
         link.started(call.realtime_id, ENCODING[codec.name], params)
         self.state.sessions.add(runner)
         self._spawn(call, self._run(call, runner, tandem, carrier), "session")
-        logger.info("SIP call %s from %s answered (%s, %s): session %s", call.realtime_id, call.sip.flow.address[0],
-                    kind, codec.name, runner.id)
+
+    # ---------------------------------------------------------------- outbound calls
+
+    async def dial(self, params: dict[str, str], transport: dict) -> Call:
+        """GPT-Live's SIP transport: call `destination` through the trunk; the answered call (ControlError)."""
+        target, flow_to, from_uri, credentials = self._outbound(transport)
+        services = self.state.services
+        if services is None or self.state.draining:
+            raise ControlError(503, "server_busy", "the server is not taking calls now")
+        live_id = "live_" + secrets.token_hex(16)
+        try:
+            rtp, link, runner, tandem = await self._open(None, live_id)
+        except (EngineError, SessionError) as exc:
+            raise ControlError(503, "server_busy", str(exc)) from None
+        sip_call = None
+        try:
+            flow = await self.transport.connect(*flow_to)
+            codecs = sdp.codecs_for(tuple(self.sip.codecs))
+            offer = sdp.offer(address=self.endpoint.local_address(flow)[0], port=rtp.port,
+                              session_id=secrets.randbelow(2**31), session_version=1, codecs=codecs)
+            sip_call = await self.endpoint.invite(target, offer.encode(), flow, from_uri=from_uri,
+                                                  credentials=credentials)
+            answer = sdp.parse(sip_call.answer.decode("utf-8", "replace"))
+            codec, dtmf = sdp.negotiated(answer, codecs)
+            audio = answer.audio()
+            if audio is None:
+                raise sdp.SdpError("the answer has no audio stream")
+        except (CallFailed, OSError, TimeoutError, sdp.SdpError, SipError) as exc:
+            await _discard(rtp, runner, tandem)
+            if sip_call is not None:
+                await sip_call.hangup("the answer's SDP cannot be used")
+            status = exc.status if isinstance(exc, CallFailed) else None
+            raise ControlError(502, "call_failed", f"the call to {target} failed: {exc}"
+                               + (f" (SIP {status})" if status else "")) from None
+        except BaseException:
+            await _discard(rtp, runner, tandem)
+            raise
+        call = Call(sip_call, answer, live_id=live_id, accepted_by="outbound")
+        sip_call.handler = _Handler(self, call)
+        link.call = sip_call
+        self.calls[call.realtime_id] = self.calls[call.live_id] = call
+        self._run_call(call, rtp, link, runner, tandem, (audio.address, audio.port), codec, dtmf, params)
+        logger.info("SIP call %s to %s answered (%s): session %s", call.realtime_id, target, codec.name, live_id)
+        return call
+
+    def _outbound(self, transport: dict) -> tuple[str, tuple[str, tuple[str, int]], str, tuple[str, str] | None]:
+        """(the Request-URI, (transport, the trunk's address), our From, digest credentials) of a SIP transport
+        `{type: "sip", destination, trunk: {provider_url, auth: {type: "digest", username, password},
+        caller_number}}`; plain SIP only toward a trusted trunk."""
+        destination, trunk = transport.get("destination"), transport.get("trunk")
+        if not isinstance(destination, str) or not destination:
+            raise ControlError(400, "missing_required_parameter", "transport.destination (+E.164 or a sip: URI)")
+        if not isinstance(trunk, dict) or not isinstance(trunk.get("provider_url"), str):
+            raise ControlError(400, "missing_required_parameter",
+                               "transport.trunk.provider_url (sips:host or sip:host)")
+        try:
+            provider = SipUri.parse(trunk["provider_url"])
+        except SipError as exc:
+            raise ControlError(400, "invalid_value", f"transport.trunk.provider_url: {exc}") from None
+        kind = provider.params.get("transport", "tls" if provider.scheme == "sips" else "udp").upper()
+        if kind not in ("UDP", "TCP", "TLS"):
+            raise ControlError(400, "invalid_value", f"transport.trunk.provider_url: transport {kind.lower()}")
+        port = provider.port or (5061 if kind == "TLS" else 5060)
+        if kind != "TLS" and not self._trusted_trunk(provider.host, port):
+            raise ControlError(403, "trunk_not_trusted", f"plain SIP (no TLS) only toward [sip] trusted_trunks; "
+                               f"{provider.host}:{port} is not one")
+        target = destination if destination.startswith(("sip:", "sips:")) else \
+            str(SipUri("sip", destination, provider.host, provider.port))
+        caller = trunk.get("caller_number")
+        from_uri = str(SipUri("sip", caller if isinstance(caller, str) and caller else "kame", provider.host))
+        auth = trunk.get("auth")
+        credentials = None
+        if isinstance(auth, dict) and auth.get("type") == "digest":
+            credentials = (str(auth.get("username", "")), str(auth.get("password", "")))
+        return target, (kind, (provider.host, port)), from_uri, credentials
+
+    def _trusted_trunk(self, host: str, port: int) -> bool:
+        return any(entry in (host, f"{host}:{port}") for entry in self.sip.trusted_trunks)
 
     async def _run(self, call: Call, runner: SessionRunner, tandem, carrier: PhoneCarrier) -> None:
         try:
@@ -246,15 +339,15 @@ class SipDoor:
             if call.sip.state != "ended":
                 await call.sip.hangup("the session ended")
 
-    def _rtp_host(self, call: Call) -> str:
+    def _rtp_host(self) -> str:
         return self.sip.rtp_host or parse_listen(self.sip.listen or "")[0]
 
     def _rtp_ports(self) -> tuple[int, int] | None:
         return (self.sip.rtp_port_min, self.sip.rtp_port_max) if self.sip.rtp_port_min else None
 
-    def _media_address(self, call: Call) -> str:
+    def _media_address(self, sip_call: SipCall) -> str:
         """The address our SDP names: the public host, else the one the peer reaches us on."""
-        return self.endpoint.local_address(call.sip.flow)[0]
+        return self.endpoint.local_address(sip_call.flow)[0]
 
     def _forget(self, call: Call) -> None:
         if call.ring_timer is not None:
@@ -289,7 +382,7 @@ class _Handler:
             offer = sdp.parse(offer_bytes.decode("utf-8", "replace"))
             rtp = self.call.rtp
             port = rtp.port if rtp is not None else 9
-            answer, codec, dtmf = sdp.answer(offer, address=self.door._media_address(self.call), port=port,
+            answer, codec, dtmf = sdp.answer(offer, address=self.door._media_address(sip_call), port=port,
                                              session_id=secrets.randbelow(2**31), session_version=2,
                                              supported=tuple(self.door.sip.codecs))
         except sdp.SdpError as exc:
@@ -353,5 +446,3 @@ def session_params(kind: str, body: dict) -> dict[str, str]:
         params["llm"] = model
     return params
 
-
-_unused: Callable | None = CallFailed  # outbound calls (GPT-Live's SIP transport) are not wired yet

@@ -37,7 +37,7 @@ class RtpLink:
     idle_limited = False  # the caller's audio is the message stream; a silent line is the RTP timeout's to judge
     unopened = "the call never started"
 
-    def __init__(self, call: SipCall, rtp: RtpSession) -> None:
+    def __init__(self, call: SipCall | None, rtp: RtpSession) -> None:
         self.call, self.rtp = call, rtp
         self._inbox: asyncio.Queue[Message | None] = asyncio.Queue(QUEUE_MESSAGES)
         self._closed = False
@@ -94,6 +94,8 @@ class RtpLink:
         try:
             self.rtp.send_digit(digit)
         except ValueError:  # no telephone-event in the call's SDP
+            if self.call is None:
+                return
             task = asyncio.get_running_loop().create_task(self.call.info_digit(digit), name="sip-info-digit")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -107,6 +109,9 @@ class RtpLink:
         if self._closed:
             return
         self._closed = True
+        if self.call is None:  # an outbound call that never connected
+            await self.rtp.close()
+            return
         queued = min(self.rtp.queued_ms() / 1000, 1.0)
         if queued > 0 and self.call.state != "ended":
             await asyncio.sleep(queued)
