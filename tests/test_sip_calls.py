@@ -6,6 +6,7 @@ hangs up through the SDK's own call-control methods pointed at KAME's base URL. 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -94,8 +95,8 @@ class WebhookReceiver:
     """The application's side: a real HTTP server that takes OpenAI's webhook, verifies it with the SDK and
     then runs `act(event)` in a thread (the SDK's call control, back at KAME)."""
 
-    def __init__(self, act) -> None:
-        self.act, self.events, self.errors = act, [], []
+    def __init__(self, act, on: str = "realtime.call.incoming") -> None:
+        self.act, self.on, self.events, self.errors = act, on, [], []
         self.sdk = openai.OpenAI(api_key="unused", webhook_secret=SECRET)
         app = Starlette(routes=[Route("/hook", self.hook, methods=["POST"])])
         self.port = free_udp_tcp_port()
@@ -114,7 +115,7 @@ class WebhookReceiver:
             self.errors.append(repr(exc))
             return Response(status_code=400)
         self.events.append(event)
-        if event.type == "realtime.call.incoming":
+        if event.type == self.on:
             threading.Thread(target=self._act, args=(event,), daemon=True).start()
         return Response(status_code=200)
 
@@ -239,3 +240,56 @@ def test_an_outbound_call_through_a_trusted_trunk(sip_llm, question_wav, tmp_pat
             kame_client(url).live.sessions.hangup(session_id)
             alice.wait_for("CALL_CLOSED")
             wait_until(lambda: free_slots(services) == 2, "the slot came back", 10)
+
+
+def test_digits_both_ways_and_a_transfer_over_gpt_live_call_control(sip_llm, question_wav, tmp_path):
+    """GPT-Live's accept runs the call; its sideband (the SDK's live.sideband.connect) sees the digits baresip
+    presses (RFC 4733) as transport.dtmf.received, and its transport.dtmf.send presses one at baresip
+    (answered transport.dtmf.sent); refer sends baresip a REFER; hangup a BYE."""
+    require_baresip()
+    accepted: list[str] = []
+    urls: list[str] = []
+
+    def accept(event) -> None:  # the application answers with GPT-Live's accept
+        kame_client(urls[0]).live.sessions.accept(event.data.session_id, session={"model": "gpt-live", "type": "live"})
+        accepted.append(event.data.session_id)
+
+    async def steer(url: str, session_id: str, alice: Baresip) -> dict:
+        from .test_live import sdk
+        from .test_live_sideband import SIDEBAND_EVENT
+        from .test_realtime import Events
+
+        client = sdk(url, TOKEN)
+        async with client.live.sideband.connect(session_id=session_id) as band:
+            side = Events(band, SIDEBAND_EVENT)
+            alice.command("sndcode", "4")
+            await asyncio.sleep(0.5)
+            alice.command("sndcode", "#")
+            await side.wait_for(lambda e: len(side.of("transport.dtmf.received")) >= 2, 15, "the caller's digits")
+            await band.send({"type": "transport.dtmf.send", "event": "7", "event_id": "press-7"})
+            sent = await side.wait_for(lambda e: e["type"] == "transport.dtmf.sent", 10, "transport.dtmf.sent")
+            side.close()
+        await client.close()
+        return {"received": [e["event"] for e in side.of("transport.dtmf.received")], "sent": sent}
+
+    with WebhookReceiver(accept, on="live.transport.incoming") as receiver:
+        port, server = sip_server(sip_llm, webhook_url=receiver.url, webhook_secret=SECRET)
+        with server as (url, services), Baresip(tmp_path / "alice", question_wav) as alice:
+            urls.append(url)
+            alice.command("dial", f"sip:kame@127.0.0.1:{port}")
+            alice.wait_for("CALL_ESTABLISHED")
+            wait_until(lambda: accepted, "the application accepted")
+            with pytest.raises(openai.ConflictError):  # the Realtime accept comes second: refused
+                call_id = next(e for e in receiver.events if e.type == "realtime.call.incoming").data.call_id
+                kame_client(url).realtime.calls.accept(call_id, type="realtime", model="gpt-realtime")
+            seen = asyncio.run(steer(url, accepted[0], alice))
+            pressed = alice.wait_for("CALL_DTMF_START")
+            kame_client(url).live.sessions.refer(accepted[0], target_uri="sip:bob@127.0.0.1:9")
+            wait_until(lambda: any("TRANSFER" in kind for kind in alice.types()), "baresip saw the REFER", 10)
+            kame_client(url).live.sessions.hangup(accepted[0])
+            alice.wait_for("CALL_CLOSED")
+            wait_until(lambda: free_slots(services) == 2, "the slot came back", 10)
+    assert not receiver.errors, receiver.errors
+    assert seen["received"] == ["4", "#"]
+    assert seen["sent"]["event"] == "7" and seen["sent"]["client_event_id"] == "press-7"
+    assert pressed["param"] == "7", pressed
