@@ -34,8 +34,10 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
                       help="moshi: /api/chat; realtime: /v1/realtime; live, live-webrtc: /v1/live/sessions over "
                            "WebSocket or WebRTC (client delegation); twilio, telnyx, vonage: a call on the carrier's "
                            "media stream /<carrier>/media (a loopback server without [phone] tokens), marks "
-                           "returned as a real-time playout plays them; a comma list, or both (moshi,realtime): "
-                           "each level on each, side by side")
+                           "returned as a real-time playout plays them; sip: a SIP call (PCMU over RTP) to --sip; "
+                           "a comma list, or both (moshi,realtime): each level on each, side by side")
+    load.add_argument("--sip", default=None, metavar="HOST:PORT",
+                      help="where `kame serve --sip` listens, for --transport sip (default: the URL's host, 5060)")
     load.add_argument("--input", default=None,
                       help="audio file each session speaks, looped (default: noise, which ASR leaves alone)")
     load.add_argument("--processes", type=int, default=1,
@@ -50,7 +52,7 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     load.set_defaults(func=run_load)
 
 
-TRANSPORTS = ("moshi", "realtime", "live", "live-webrtc", *CARRIERS)
+TRANSPORTS = ("moshi", "realtime", "live", "live-webrtc", *CARRIERS, "sip")
 
 
 def server_url(value: str) -> str:
@@ -153,14 +155,16 @@ def wait_for_free_slots(url: str, wanted: int, limit_s: float = 10.0) -> None:
 
 
 def measure(url: str, sessions: int, seconds: float, transport: str = "moshi",
-            speech: np.ndarray | None = None, processes: int = 1, server_pid: int | None = None) -> dict:
+            speech: np.ndarray | None = None, processes: int = 1, server_pid: int | None = None,
+            sip: str | None = None) -> dict:
     wait_for_free_slots(url, sessions, limit_s=30)  # a loaded server releases the last level's slots late
     before, started = scrape(url), time.monotonic()
     tree_before = tree_cpu_s(server_pid) if server_pid else None
+    target = sip_target(url, sip) if transport == "sip" else url
     if processes > 1:
-        run, client_cpu = load_level_in_processes(url, sessions, seconds, processes, transport, speech)
+        run, client_cpu = load_level_in_processes(target, sessions, seconds, processes, transport, speech)
     else:
-        run, client_cpu = load_level_timed(url, sessions, seconds, transport=transport, speech=speech)
+        run, client_cpu = load_level_timed(target, sessions, seconds, transport=transport, speech=speech)
     after, wall = scrape(url), time.monotonic() - started
     tree_cores = None if tree_before is None else round((tree_cpu_s(server_pid) - tree_before) / wall, 3)
     steps = after.get("step_count", 0) - before.get("step_count", 0)
@@ -192,7 +196,16 @@ def measure(url: str, sessions: int, seconds: float, transport: str = "moshi",
     if transport in CARRIERS:  # the audio the carrier held unplayed as each piece came (the pacer keeps it small)
         row["lead_ms"] = {"p99": percentile_ms(run.leads, 99),
                           "max": round(1000 * max(run.leads), 2) if run.leads else None}
+    if transport == "sip":  # the server's RTP packets off their 20 ms beat, as they arrived at the phones
+        jitter = np.array(run.rtp_jitter_ms)
+        row["rtp_send_jitter_ms"] = {"p99": round(float(np.percentile(jitter, 99)), 2) if len(jitter) else None,
+                                     "max": round(float(jitter.max()), 2) if len(jitter) else None}
     return row
+
+
+def sip_target(url: str, sip: str | None) -> str:
+    """sip://HOST:PORT: --sip, else the server URL's host on 5060."""
+    return f"sip://{sip}" if sip else f"sip://{urlsplit(url).hostname or '127.0.0.1'}:5060"
 
 
 def run_load(args: argparse.Namespace) -> int:
@@ -208,11 +221,12 @@ def run_load(args: argparse.Namespace) -> int:
             wait_for_free_slots(url, 1, limit_s=30)
             print(f"warm-up: one {transport} session for {args.warmup:g} s, unmeasured", file=sys.stderr,
                   flush=True)
-            load_level_timed(url, 1, args.warmup, transport=transport, speech=speech)
+            target = sip_target(url, args.sip) if transport == "sip" else url
+            load_level_timed(target, 1, args.warmup, transport=transport, speech=speech)
     rows = []
     for sessions in levels:
         for transport in transports:  # side by side: each level on each transport, one after the other
-            row = measure(url, sessions, args.seconds, transport, speech, args.processes, args.server_pid)
+            row = measure(url, sessions, args.seconds, transport, speech, args.processes, args.server_pid, args.sip)
             rows.append(row)
             print(json.dumps(row), flush=True)
     fitting = [r["sessions"] for r in rows if r["round_trip_ms"]["p99"] is not None
@@ -234,15 +248,15 @@ def _doubling(limit: int) -> list[int]:
 
 
 def markdown(result: dict) -> str:
-    phone = any("lead_ms" in r for r in result["levels"])  # a column for the carriers' playout lead, where any ran
+    phone = any("lead_ms" in r or "rtp_send_jitter_ms" in r for r in result["levels"])  # carriers' lead, SIP jitter
     lines = ["| transport | sessions | round trip p50 / p95 / p99 ms | engine step ms | overhead p50 / p99 ms | "
              "mean batch | not back | untimed | late (>80 ms) | server CPU cores | server RSS MB | "
              "with children cores per session | server frame latency p50 / p99 <= ms |"
-             + (" carrier lead p99 / max ms |" if phone else ""),
+             + (" carrier lead p99 / max ms (sip: RTP send jitter p99 / max ms) |" if phone else ""),
              "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|" + ("---|" if phone else "")]
     for r in result["levels"]:
         rt, oh, lat = r["round_trip_ms"], r["overhead_ms"], r.get("server_frame_latency_ms", {})
-        lead = r.get("lead_ms") or {}
+        lead = r.get("lead_ms") or r.get("rtp_send_jitter_ms") or {}
         lines.append(f"| {r.get('transport', 'moshi')} | {r['sessions']} | {rt['p50']} / {rt['p95']} / {rt['p99']} | "
                      f"{r['engine_step_ms']} | "
                      f"{oh['p50']} / {oh['p99']} | {r['batch_mean']} | {r['frames_dropped']} | "

@@ -159,6 +159,7 @@ class LatencyRun:
     frames_dropped: int = 0  # Moshi's transport: the drops its stats events reported (others: not counted)
     frames_unmatched: int = 0  # back, but after a drop the server had not yet counted: not timed
     leads: list[float] = field(default_factory=list)  # phone calls: the carrier's playout lead (s) at each arrival
+    rtp_jitter_ms: list[float] = field(default_factory=list)  # SIP calls: each RTP packet's arrival off its 20 ms beat
 
 
 # the Realtime endpoint sends audio only while the model speaks; with audio energy counted as speech,
@@ -173,6 +174,10 @@ async def _connect(url: str, transport: str):
     Each imports its own client: the moshi one needs no aiortc."""
     if transport in CARRIERS:
         return await PhoneCall.connect(url, transport)
+    if transport == "sip":  # url: sip://HOST:PORT
+        from client.sip_phone import SipPhone
+
+        return await SipPhone.connect(url)
     if transport == "realtime":
         from client.realtime_client import RealtimeAudio
 
@@ -251,6 +256,8 @@ async def _timed_session(url: str, seconds: float, run: LatencyRun, rng: random.
     run.frames_dropped += matcher.offset
     if isinstance(client, PhoneCall):
         run.leads.extend(client.leads)
+    if transport == "sip":
+        run.rtp_jitter_ms.extend(client.send_jitter_ms())
     run.round_trips.extend(trips[3:])  # the first frames carry the connection's warm-up
 
 
@@ -325,6 +332,7 @@ def load_level_in_processes(url: str, sessions: int, seconds: float, processes: 
         merged.refused += run.refused
         merged.frames_unmatched += run.frames_unmatched
         merged.leads.extend(run.leads)
+        merged.rtp_jitter_ms.extend(run.rtp_jitter_ms)
     return merged, sum(cpu for _, cpu in parts)
 
 
