@@ -100,7 +100,7 @@ class Baresip:
     def __exit__(self, *exc) -> None:
         with contextlib.suppress(Exception):
             self.command("quit")
-        if self._process is not None:
+        if self._process is not None and self._process.poll() is None:
             try:
                 self._process.wait(5)
             except subprocess.TimeoutExpired:
@@ -108,6 +108,12 @@ class Baresip:
                 self._process.wait(5)
         if self._socket is not None:
             self._socket.close()
+
+    def kill(self) -> None:
+        """Gone at once, as a phone that loses its network: no BYE, its RTP just stops."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait(5)
 
     @property
     def uri(self) -> str:

@@ -293,3 +293,44 @@ def test_digits_both_ways_and_a_transfer_over_gpt_live_call_control(sip_llm, que
     assert seen["received"] == ["4", "#"]
     assert seen["sent"]["event"] == "7" and seen["sent"]["client_event_id"] == "press-7"
     assert pressed["param"] == "7", pressed
+
+
+def test_hold_keeps_a_call_whose_rtp_stops_and_a_lost_phone_or_the_session_limit_ends_it(sip_llm, question_wav,
+                                                                                          tmp_path):
+    """A re-INVITE puts the call on hold (no RTP, and no timeout while so) and resumes it; a phone that vanishes
+    (no BYE) is ended by the RTP timeout and its slot comes back; a session that reaches its limit hangs up with
+    a BYE the caller sees."""
+    require_baresip()
+    port, server = sip_server(sip_llm, rtp_timeout_s=2.0)
+    with server as (_, services), Baresip(tmp_path / "alice", question_wav) as alice:
+        alice.command("dial", f"sip:kame@127.0.0.1:{port}")
+        alice.wait_for("CALL_ESTABLISHED")
+        alice.command("hold")
+        time.sleep(4.0)  # twice the RTP timeout, on hold
+        assert "CALL_CLOSED" not in alice.types() and free_slots(services) == 1
+        alice.command("resume")
+        time.sleep(1.0)
+        assert "CALL_CLOSED" not in alice.types()
+        alice.kill()
+        wait_until(lambda: free_slots(services) == 2, "the RTP timeout ended the lost phone's call", 15)
+    port, server = sip_server(sip_llm, max_session_s=4.0)
+    with server as (_, services), Baresip(tmp_path / "bob", question_wav) as bob:
+        bob.command("dial", f"sip:kame@127.0.0.1:{port}")
+        bob.wait_for("CALL_ESTABLISHED")
+        bob.wait_for("CALL_CLOSED", 20)  # the server's BYE at the session's limit
+        wait_until(lambda: free_slots(services) == 2, "the slot came back", 10)
+
+
+def test_a_call_nobody_accepts_is_declined_and_never_holds_a_slot(sip_llm, question_wav, tmp_path):
+    require_baresip()
+    with WebhookReceiver(lambda event: None) as receiver:  # the application hears of the call, and does nothing
+        port, server = sip_server(sip_llm, webhook_url=receiver.url, webhook_secret=SECRET, ring_timeout_s=2.0)
+        with server as (_, services), Baresip(tmp_path / "alice", question_wav) as alice:
+            alice.command("dial", f"sip:kame@127.0.0.1:{port}")
+            alice.wait_for("CALL_RINGING")
+            assert free_slots(services) == 2  # ringing costs no slot
+            closed = alice.wait_for("CALL_CLOSED", 15)
+            assert "480" in closed.get("param", ""), closed
+            assert free_slots(services) == 2
+    assert {event.type for event in receiver.events} == {"realtime.call.incoming", "live.transport.incoming"}
+    assert not receiver.errors, receiver.errors
