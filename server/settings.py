@@ -145,7 +145,9 @@ class SipSettings(BaseModel):
     webhook_events: list[Literal["realtime.call.incoming", "live.transport.incoming"]] = Field(
         default_factory=lambda: ["realtime.call.incoming", "live.transport.incoming"])
     ring_timeout_s: float = Field(30.0, gt=0, le=300)  # a call nobody accepts by then is declined (480)
-    codecs: list[Literal["PCMU", "PCMA"]] = Field(default_factory=lambda: ["PCMU", "PCMA"])  # our preference
+    # the codecs a call may use (an inbound call gets the first the caller offers of them; an outbound call
+    # offers them in this order); G.722 (wideband, 16 kHz) needs PyAV
+    codecs: list[Literal["PCMU", "PCMA", "G722"]] = Field(default_factory=lambda: ["PCMU", "PCMA", "G722"])
     rtp_host: str | None = None  # where RTP binds (default: the listen host)
     rtp_port_min: int = Field(0, ge=0, le=65535)  # RTP ports (even ones) from this range; 0: any free port
     rtp_port_max: int = Field(0, ge=0, le=65535)

@@ -43,13 +43,13 @@ def free_udp_tcp_port() -> int:
     raise RuntimeError("no free port")
 
 
-def write_wav_8k(path: Path, pcm: np.ndarray) -> None:
-    """16-bit mono at 8 kHz: baresip's file source plays at the codec's rate."""
+def write_wav_8k(path: Path, pcm: np.ndarray, rate: int = 8000) -> None:
+    """16-bit mono at 8 kHz (16 kHz for G.722): baresip's file source plays at the codec's rate."""
     data = (np.clip(pcm, -1, 1) * 32767).astype("<i2").tobytes()
     with wave.open(str(path), "wb") as out:
         out.setnchannels(1)
         out.setsampwidth(2)
-        out.setframerate(8000)
+        out.setframerate(rate)
         out.writeframes(data)
 
 
@@ -69,7 +69,7 @@ class Baresip:
         (directory / "config").write_text("\n".join([
             "poll_method epoll", f"sip_listen 127.0.0.1:{self.port}", "audio_player aubridge,x",
             f"audio_source aufile,{microphone}", "audio_alert aubridge,x", f"module_path {MODULES}",
-            "module g711.so", "module aufile.so", "module aubridge.so", "module sndfile.so",
+            "module g711.so", "module g722.so", "module aufile.so", "module aubridge.so", "module sndfile.so",
             "module_app account.so", "module_app menu.so", "module_app ctrl_tcp.so",
             f"ctrl_tcp_listen 127.0.0.1:{self.ctrl}", f"snd_path {self.recordings}", ""]))
         (directory / "accounts").write_text(

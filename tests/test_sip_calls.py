@@ -334,3 +334,24 @@ def test_a_call_nobody_accepts_is_declined_and_never_holds_a_slot(sip_llm, quest
             assert free_slots(services) == 2
     assert {event.type for event in receiver.events} == {"realtime.call.incoming", "live.transport.incoming"}
     assert not receiver.errors, receiver.errors
+
+
+def test_a_wideband_call_in_g722(sip_llm, tmp_path):
+    """A softphone that offers only G.722 (16 kHz) gets it: its question reaches the LLM, it hears the answer."""
+    require_baresip()
+    from kame.testing.speech import speech
+
+    pcm = speech(SPIDER, tmp_path / "tts", sample_rate=16000)
+    wav = tmp_path / "question16k.wav"
+    write_wav_8k(wav, np.concatenate([np.zeros(8000, np.float32), pcm, np.zeros(16000 * 12, np.float32)]), 16000)
+    port, server = sip_server(sip_llm)
+    with server as (_, services), Baresip(tmp_path / "alice", wav, codecs="G722") as alice:
+        alice.command("dial", f"sip:kame@127.0.0.1:{port}")
+        alice.wait_for("CALL_ESTABLISHED")
+        wait_until(lambda: asked(sip_llm, SPIDER), "the wideband question reached the LLM", 40)
+        time.sleep(1.5)
+        alice.command("hangup")
+        alice.wait_for("CALL_CLOSED")
+        wait_until(lambda: free_slots(services) == 2, "the slot came back", 10)
+    heard = alice.heard()
+    assert len(heard) > 16000 * 2 and float(np.sqrt(np.mean(heard ** 2))) > 1e-3

@@ -9,7 +9,7 @@ from typing import Literal, Protocol
 
 from kame.protocol import ProtocolError
 
-Encoding = Literal["audio/pcmu", "audio/pcma", "audio/pcm"]
+Encoding = Literal["audio/pcmu", "audio/pcma", "audio/pcm", "audio/g722"]
 
 
 class PhoneProtocolError(ProtocolError):

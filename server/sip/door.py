@@ -18,6 +18,7 @@ from kame.sip.message import SipError, SipUri
 from kame.sip.rtp import RtpFormat, RtpSession
 from kame.sip.transport import SipTransport
 from kame.sip.ua import CallFailed, SipCall, SipEndpoint
+from server.phone import audio as phone_audio
 from server.phone.carrier import PhoneCarrier
 from server.runner import SessionRunner
 from server.settings import ServerSettings
@@ -26,8 +27,8 @@ from server.sip.webhooks import WebhookPoster, live_transport_incoming, realtime
 
 logger = logging.getLogger(__name__)
 
-SILENCE = {"PCMU": b"\xff", "PCMA": b"\xd5"}
-ENCODING = {"PCMU": "audio/pcmu", "PCMA": "audio/pcma"}
+SILENCE = {"PCMU": b"\xff", "PCMA": b"\xd5"}  # G.722's: encoded once, where PyAV has the codec
+ENCODING = {"PCMU": ("audio/pcmu", 8000), "PCMA": ("audio/pcma", 8000), "G722": ("audio/g722", 16000)}
 REALTIME_MODELS = ("gpt-realtime", "gpt-4o-realtime", "gpt-4o-mini-realtime", "gpt-live")  # OpenAI's, not a profile
 
 
@@ -67,6 +68,15 @@ class SipDoor:
                                     rate=self.sip.requests_per_s, burst=self.sip.requests_per_s * 3)
         self.poster: WebhookPoster | None = None
         self.refused = 0
+        self.codecs = tuple(self.sip.codecs)
+        self.silence = dict(SILENCE)
+        if "G722" in self.codecs:
+            if phone_audio.g722_available():
+                self.silence["G722"] = phone_audio.g722_silence()
+            else:
+                logger.warning("SIP: G.722 needs PyAV (pip install av); calls are answered in %s only",
+                               "/".join(c for c in self.codecs if c != "G722"))
+                self.codecs = tuple(c for c in self.codecs if c != "G722")
 
     async def start(self) -> None:
         host, port = parse_listen(self.sip.listen or "")
@@ -110,7 +120,7 @@ class SipDoor:
         try:
             offer = sdp.parse(sip_call.offer.decode("utf-8", "replace"))
             sdp.answer(offer, address="0.0.0.0", port=9, session_id=1, session_version=1,
-                       supported=tuple(self.sip.codecs))  # only to check a codec fits, before ringing
+                       supported=self.codecs)  # only to check a codec fits, before ringing
         except sdp.NoCommonCodec as exc:
             sip_call.reject(488, str(exc)[:80])
             return
@@ -208,7 +218,7 @@ class SipDoor:
         try:
             answer, codec, dtmf = sdp.answer(call.offer, address=self._media_address(call.sip), port=rtp.port,
                                              session_id=secrets.randbelow(2**31), session_version=1,
-                                             supported=tuple(self.sip.codecs))
+                                             supported=self.codecs)
         except sdp.SdpError as exc:
             await _discard(rtp, runner, tandem)
             call.sip.reject(488, str(exc)[:80])
@@ -243,11 +253,9 @@ class SipDoor:
         carrier = PhoneCarrier(runner, tandem, SipStream(), lead_frames=phone.lead_frames,
                                keypad_to_llm=phone.keypad_to_llm)
         call.runner, call.link, call.rtp = runner, link, rtp
-        rtp.start(remote, RtpFormat(codec.payload_type, silence=SILENCE[codec.name],
-                                    dtmf_payload_type=dtmf.payload_type if dtmf else None),
-                  on_audio=link.audio, on_digit=link.digit,
+        rtp.start(remote, self._format(codec, dtmf), on_audio=link.audio, on_digit=link.digit,
                   on_timeout=lambda: link.stopped(f"no RTP for {self.sip.rtp_timeout_s:.0f} s"))
-        link.started(call.realtime_id, ENCODING[codec.name], params)
+        link.started(call.realtime_id, *ENCODING[codec.name], params)
         self.state.sessions.add(runner)
         self._spawn(call, self._run(call, runner, tandem, carrier), "session")
 
@@ -267,7 +275,7 @@ class SipDoor:
         sip_call = None
         try:
             flow = await self.transport.connect(*flow_to)
-            codecs = sdp.codecs_for(tuple(self.sip.codecs))
+            codecs = sdp.codecs_for(self.codecs)
             offer = sdp.offer(address=self.endpoint.local_address(flow)[0], port=rtp.port,
                               session_id=secrets.randbelow(2**31), session_version=1, codecs=codecs)
             sip_call = await self.endpoint.invite(target, offer.encode(), flow, from_uri=from_uri,
@@ -339,6 +347,10 @@ class SipDoor:
             if call.sip.state != "ended":
                 await call.sip.hangup("the session ended")
 
+    def _format(self, codec: sdp.Codec, dtmf: sdp.Codec | None) -> RtpFormat:
+        return RtpFormat(codec.payload_type, silence=self.silence[codec.name],
+                         dtmf_payload_type=dtmf.payload_type if dtmf else None)
+
     def _rtp_host(self) -> str:
         return self.sip.rtp_host or parse_listen(self.sip.listen or "")[0]
 
@@ -384,15 +396,13 @@ class _Handler:
             port = rtp.port if rtp is not None else 9
             answer, codec, dtmf = sdp.answer(offer, address=self.door._media_address(sip_call), port=port,
                                              session_id=secrets.randbelow(2**31), session_version=2,
-                                             supported=tuple(self.door.sip.codecs))
+                                             supported=self.door.codecs)
         except sdp.SdpError as exc:
             raise SipError(str(exc)[:80], 488) from None
         audio = offer.audio()
         if rtp is not None and audio is not None:
             hold = audio.direction in ("sendonly", "inactive") or audio.address in ("0.0.0.0", "::")
-            rtp.update((audio.address, audio.port) if not hold else None,
-                       RtpFormat(codec.payload_type, silence=SILENCE[codec.name],
-                                 dtmf_payload_type=dtmf.payload_type if dtmf else None), hold=hold)
+            rtp.update((audio.address, audio.port) if not hold else None, self.door._format(codec, dtmf), hold=hold)
         self.call.offer = offer
         return answer.encode()
 

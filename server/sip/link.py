@@ -46,8 +46,9 @@ class RtpLink:
 
     # ---------------------------------------------------------------- the call's side
 
-    def started(self, call_id: str, encoding: Encoding, params: dict[str, str]) -> None:
-        self._put(json.dumps({"event": "start", "call_id": call_id, "encoding": encoding, "params": params}))
+    def started(self, call_id: str, encoding: Encoding, rate: int, params: dict[str, str]) -> None:
+        self._put(json.dumps({"event": "start", "call_id": call_id, "encoding": encoding, "rate": rate,
+                              "params": params}))
 
     def audio(self, payload: bytes) -> None:
         self._put(payload)
@@ -136,7 +137,7 @@ class SipStream:
         data = json.loads(message)
         match data.get("event"):
             case "start":
-                return [CallStarted(data["call_id"], data["call_id"], data["encoding"], 8000, data["params"])]
+                return [CallStarted(data["call_id"], data["call_id"], data["encoding"], data["rate"], data["params"])]
             case "dtmf":
                 return [CallDigit(data["digit"])]
             case "stop":
