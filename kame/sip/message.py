@@ -37,7 +37,9 @@ REASONS = {100: "Trying", 180: "Ringing", 183: "Session Progress", 200: "OK", 20
            501: "Not Implemented", 503: "Service Unavailable", 505: "Version Not Supported", 603: "Decline"}
 
 _TOKEN = re.compile(r"^[A-Za-z0-9.!%*_+`'~-]+$")
-_STATUS_LINE = re.compile(r"^SIP/2\.0 ([1-6][0-9]{2}) ?(.*)$")
+_STATUS_LINE = re.compile(r"^SIP/2\.0 ([1-6][0-9]{2})(?: (.*))?$")  # exactly 3 digits (RFC 4475 §3.1.2.18)
+_DIGITS = re.compile(r"^[0-9]+$")  # ASCII digits only: str.isdigit() also takes '²', which int() refuses
+_VIA_PROTOCOL = re.compile(r"^SIP\s*/\s*2\.0\s*/\s*([A-Za-z0-9.!%*_+`'~-]+)\s+(.*)$", re.IGNORECASE | re.DOTALL)
 
 
 class SipError(ValueError):
@@ -205,15 +207,17 @@ def _add_field(headers: Headers, name: str, value: str) -> None:
 
 
 def _framed_body(headers: Headers, body: bytes, stream: bool) -> bytes:
-    length = headers.get("Content-Length")
+    lengths = headers.all("Content-Length")
+    if len(lengths) > 1:  # which one frames the body? (RFC 4475 §3.3.9)
+        raise SipError(f"{len(lengths)} Content-Length fields")
+    length = lengths[0] if lengths else None
     if length is None:
         if stream:
             raise SipError("a message on a stream without Content-Length")
         return body
-    try:
-        size = int(length)
-    except ValueError:
-        raise SipError(f"Content-Length is not a number: {length!r}") from None
+    if not re.match(r"^-?[0-9]+$", length):  # int() would also take '+5', '1_0' and other scripts' digits
+        raise SipError(f"Content-Length is not a number: {length[:20]!r}")
+    size = int(length)
     if size < 0 or size > len(body):
         raise SipError(f"Content-Length {size} but {len(body)} bytes of body")
     return body[:size]
@@ -224,7 +228,7 @@ def _start_line(start: str, headers: Headers, body: bytes) -> Message:
         match = _STATUS_LINE.match(start)
         if match is None:
             raise SipError(f"a bad status line: {start[:60]!r}")
-        return Response(int(match.group(1)), match.group(2), headers, body)
+        return Response(int(match.group(1)), match.group(2) or "", headers, body)
     parts = start.split(" ")
     if len(parts) != 3 or not _TOKEN.match(parts[0]) or not parts[1]:
         raise SipError(f"a bad request line: {start[:60]!r}")
@@ -334,13 +338,37 @@ def _split_outside_quotes(text: str, separator: str) -> list[str]:
     return parts
 
 
+def _find_unquoted(text: str, char: str) -> int:
+    """Where `char` first occurs outside a quoted string (-1: nowhere); SipError for an unclosed quote."""
+    quoted = escaped = False
+    for index, current in enumerate(text):
+        if escaped:
+            escaped = False
+        elif quoted and current == "\\":
+            escaped = True
+        elif current == '"':
+            quoted = not quoted
+        elif current == char and not quoted:
+            return index
+    if quoted:
+        raise SipError(f"an unclosed quoted string: {text[:60]!r}")
+    return -1
+
+
+def _unquote(display: str) -> str:
+    """A display name: a quoted-string's content with its escapes undone, or the tokens as they are."""
+    if len(display) < 2 or not (display.startswith('"') and display.endswith('"')):
+        return display
+    return re.sub(r"\\(.)", r"\1", display[1:-1], flags=re.DOTALL)
+
+
 def format_params(params: dict[str, str]) -> str:
     return "".join(f";{name}={value}" if value else f";{name}" for name, value in params.items())
 
 
 def parse_cseq(value: str) -> tuple[int, str]:
     parts = value.split()
-    if len(parts) != 2 or not parts[0].isdigit() or not _TOKEN.match(parts[1]) or int(parts[0]) >= 2**31:
+    if len(parts) != 2 or not _DIGITS.match(parts[0]) or not _TOKEN.match(parts[1]) or int(parts[0]) >= 2**31:
         raise SipError(f"a bad CSeq: {value[:40]!r}")
     return int(parts[0]), parts[1].upper()
 
@@ -364,9 +392,11 @@ class SipUri:
             raise SipError(f"not a SIP URI: {text[:60]!r}")
         if scheme == "tel":
             return SipUri(scheme, None, rest)
+        user, at, rest = rest.partition("@")  # a user part may hold ';' and '?', never '@'
+        if not at:
+            user, rest = "", user
         rest = rest.split("?", 1)[0]
-        address, *params = rest.split(";")
-        user, at, hostport = address.rpartition("@")
+        hostport, *params = rest.split(";")
         host, port = split_hostport(hostport)
         return SipUri(scheme, user if at else None, host, port, parse_params(";" + ";".join(params)))
 
@@ -392,11 +422,12 @@ def split_hostport(text: str) -> tuple[str, int | None]:
         port_text = rest[1:] if rest.startswith(":") else ""
     else:
         host, _, port_text = text.partition(":")
+    host, port_text = host.strip(), port_text.strip()  # sent-by's COLON may have LWS around it
     if not host or any(char in host for char in ' <>"'):
         raise SipError(f"a bad host: {text[:60]!r}")
     if not port_text:
         return host, None
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if not _DIGITS.match(port_text) or not 0 < int(port_text) < 65536:
         raise SipError(f"a bad port: {port_text[:20]!r}")
     return host, int(port_text)
 
@@ -412,12 +443,13 @@ class NameAddr:
     @staticmethod
     def parse(text: str) -> NameAddr:
         text = text.strip()
-        if "<" in text:
-            display, _, rest = text.partition("<")
+        opening = _find_unquoted(text, "<")
+        if opening >= 0:
+            display, rest = text[:opening], text[opening + 1:]
             uri, closing, params = rest.partition(">")
             if not closing:
                 raise SipError(f"a '<' without '>': {text[:60]!r}")
-            display = display.strip().strip('"')
+            display = _unquote(display.strip())
         else:  # addr-spec: its parameters are the header's (§20.10)
             uri, _, params = text.partition(";")
             params, display = ";" + params if params else "", ""
@@ -433,7 +465,8 @@ class NameAddr:
         return self.params.get("tag") or None
 
     def __str__(self) -> str:
-        display = f'"{self.display}" ' if self.display else ""
+        quoted = self.display.replace("\\", "\\\\").replace('"', '\\"')
+        display = f'"{quoted}" ' if self.display else ""
         return f"{display}<{self.uri}>{format_params(self.params)}"
 
     def with_tag(self, tag: str) -> NameAddr:
@@ -451,13 +484,12 @@ class Via:
 
     @staticmethod
     def parse(text: str) -> Via:
-        protocol, _, rest = text.strip().partition(" ")
-        parts = [part.strip() for part in protocol.split("/")]
-        if len(parts) != 3 or parts[0].upper() != "SIP" or parts[1] != "2.0" or not parts[2]:
+        match = _VIA_PROTOCOL.match(text.strip())  # SLASH may have LWS around it (RFC 4475 §3.1.1.1)
+        if match is None:
             raise SipError(f"a bad Via: {text[:60]!r}")
-        sent_by, *params = rest.strip().split(";")
+        sent_by, *params = match.group(2).strip().split(";")
         host, port = split_hostport(sent_by)
-        return Via(parts[2].upper(), host, port, parse_params(";" + ";".join(params)))
+        return Via(match.group(1).upper(), host, port, parse_params(";" + ";".join(params)))
 
     @property
     def branch(self) -> str:

@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 T1, T2 = 0.5, 4.0  # RFC 3261 §17.1.1.1: round-trip estimate, the longest retransmit interval
 TRANSACTION_S = 64 * T1  # Timers B, F, H, J: how long a transaction lives
+RINGING_S = 180.0  # an INVITE of ours answered 1xx: how long it may ring (Timer C's 3 minutes, §16.6) instead of B
 ALLOW = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, NOTIFY, REFER"
 KNOWN = {"REGISTER", "SUBSCRIBE", "PUBLISH", "MESSAGE", "PRACK", "UPDATE"}  # recognised, not offered: 405
 DIGITS = set("0123456789*#ABCD")
@@ -84,6 +85,7 @@ class _ClientTransaction:
     done: asyncio.Future
     provisional: Callable[[Response], None] | None = None
     timer: asyncio.TimerHandle | None = None
+    timeout: asyncio.TimerHandle | None = None
     interval: float = T1
     started: float = field(default_factory=time.monotonic)
 
@@ -99,8 +101,9 @@ class TokenBucket:
         now = self.clock()
         level, at = self._levels.get(source, (self.burst, now))
         level = min(self.burst, level + (now - at) * self.rate)
-        if len(self._levels) > 10000:  # a scan from many addresses: forget the full ones
-            self._levels = {key: value for key, value in self._levels.items() if value[0] < self.burst}
+        if len(self._levels) > 10000:  # a scan from many addresses: forget the full ones (refilled since)
+            self._levels = {key: (old, when) for key, (old, when) in self._levels.items()
+                            if old + (now - when) * self.rate < self.burst}
         if level < 1:
             self._levels[source] = (level, now)
             return False
@@ -129,6 +132,7 @@ class SipEndpoint:
     def contact(self, flow: Flow) -> str:
         host, port = self.local_address(flow)
         transport = "" if flow.transport == "UDP" else f";transport={flow.transport.lower()}"
+        host = f"[{host}]" if ":" in host else host  # an IPv6 reference (RFC 3261 §25.1)
         return f"<sip:kame@{host}:{port}{transport}>"
 
     def local_address(self, flow: Flow) -> tuple[str, int]:
@@ -181,6 +185,10 @@ class SipEndpoint:
         if request.method == "CANCEL":
             self._on_cancel(request, transaction)
             return
+        required = request.headers.all("Require")
+        if required:  # §8.2.2.3: any request (but ACK, CANCEL) that requires an extension; we support none
+            self.respond(transaction, 420, headers=[("Unsupported", ", ".join(required))])
+            return
         to_tag = NameAddr.parse(request.headers.get("To") or "").tag
         if to_tag is not None:
             call = self._dialogs.get((request.call_id, to_tag, _from_tag(request)))
@@ -200,9 +208,6 @@ class SipEndpoint:
             self.respond(transaction, 501, headers=[("Allow", ALLOW)])
 
     def _new_call(self, request: Request, transaction: _ServerTransaction, key: tuple) -> None:
-        if request.headers.get("Require"):
-            self.respond(transaction, 420, headers=[("Unsupported", request.headers.get("Require") or "")])
-            return
         call = SipCall(self, request, transaction.flow, "inbound", transaction=transaction)
         self._invites[key[:3]] = call
         self.respond(transaction, 100)
@@ -243,6 +248,9 @@ class SipEndpoint:
             if transaction.timer is not None and method == "INVITE":  # Timer A stops at a provisional
                 transaction.timer.cancel()
                 transaction.timer = None
+            if transaction.timeout is not None and method == "INVITE":  # so does B (§17.1.1.2): it rings on
+                transaction.timeout.cancel()
+                transaction.timeout = asyncio.get_running_loop().call_later(RINGING_S, self._timed_out, transaction)
             if transaction.provisional is not None:
                 transaction.provisional(response)
             return
@@ -260,18 +268,19 @@ class SipEndpoint:
         transaction.response = response
         self.transport.send(response, transaction.flow)
         if request.method == "INVITE" and status >= 300 and transaction.flow.transport == "UDP":
-            self._retransmit_failure(transaction, T1)  # Timer G, until its ACK
+            deadline = asyncio.get_running_loop().time() + TRANSACTION_S  # Timer H: no ACK this long, given up
+            self._retransmit_failure(transaction, T1, deadline)  # Timer G, until its ACK
         return response
 
-    def _retransmit_failure(self, transaction: _ServerTransaction, interval: float) -> None:
-        if transaction.acked or interval > TRANSACTION_S:
-            return
+    def _retransmit_failure(self, transaction: _ServerTransaction, interval: float, deadline: float) -> None:
         loop = asyncio.get_running_loop()
+        if transaction.acked or loop.time() + interval > deadline:
+            return
 
         def again() -> None:
             if not transaction.acked and transaction.response is not None:
                 self.transport.send(transaction.response, transaction.flow)
-                self._retransmit_failure(transaction, min(interval * 2, T2))
+                self._retransmit_failure(transaction, min(interval * 2, T2), deadline)
         transaction.timer = loop.call_later(interval, again)
 
     async def request(self, request: Request, flow: Flow,
@@ -285,11 +294,11 @@ class SipEndpoint:
             self._finish(transaction, Response(503, "the connection is closed"))
         elif flow.transport == "UDP":
             self._retransmit_request(transaction)
-        timeout = loop.call_later(TRANSACTION_S, self._timed_out, transaction)
+        transaction.timeout = loop.call_later(TRANSACTION_S, self._timed_out, transaction)
         try:
             return await transaction.done
         finally:
-            timeout.cancel()
+            transaction.timeout.cancel()
             if transaction.timer is not None:
                 transaction.timer.cancel()
             self._client.pop((branch, request.method), None)
@@ -342,9 +351,12 @@ class SipEndpoint:
             response = await call._send_invite(ringing)
             if response.status in (401, 407) and credentials is not None:
                 field_name = "WWW-Authenticate" if response.status == 401 else "Proxy-Authenticate"
-                challenge = digest.best_challenge(response.headers.all(field_name))
-                answer = digest.authorization(challenge, method="INVITE", uri=target, username=credentials[0],
-                                              password=credentials[1])
+                try:
+                    challenge = digest.best_challenge(response.headers.all(field_name))
+                    answer = digest.authorization(challenge, method="INVITE", uri=target, username=credentials[0],
+                                                  password=credentials[1])
+                except digest.DigestError as error:  # a challenge we cannot answer (Basic, an unknown algorithm)
+                    raise CallFailed(response.status, str(error)) from None
                 authorized.append(("Authorization" if response.status == 401 else "Proxy-Authorization", answer))
                 cseq += 1
                 continue
@@ -644,6 +656,9 @@ class SipCall:
         self.ended.set()
         loop = asyncio.get_running_loop()
         loop.call_later(TRANSACTION_S, self.endpoint._dialogs.pop, self.key, None)  # late requests still match
+        if self.direction == "inbound":  # a late CANCEL still finds it; then the INVITE is forgotten
+            via = self.invite.top_via
+            loop.call_later(TRANSACTION_S, self.endpoint._invites.pop, (via.branch, via.host, via.port), None)
         if self.handler is not None:
             with contextlib.suppress(Exception):
                 self.handler.ended(self, reason)
