@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 SILENCE = {"PCMU": b"\xff", "PCMA": b"\xd5"}  # G.722's: encoded once, where PyAV has the codec
 ENCODING = {"PCMU": ("audio/pcmu", 8000), "PCMA": ("audio/pcma", 8000), "G722": ("audio/g722", 16000)}
+RINGING_PER_SLOT = 4  # calls ringing (announced, not yet accepted) at most per free slot
 REALTIME_MODELS = ("gpt-realtime", "gpt-4o-realtime", "gpt-4o-mini-realtime", "gpt-live")  # OpenAI's, not a profile
 
 
@@ -113,9 +114,14 @@ class SipDoor:
         if services is None or self.state.draining:
             sip_call.reject(503, "the server is not taking calls now")
             return
-        if services.runtime.runner.free_slots <= 0:
+        free = services.runtime.runner.free_slots
+        if free <= 0:
             logger.info("SIP call from %s refused: every session slot is in use", source)
             sip_call.reject(486, "every session slot is in use")
+            return
+        if self._ringing() >= RINGING_PER_SLOT * free:  # ringing costs no slot, but a flood of it webhooks
+            logger.info("SIP call from %s refused: %d calls ring already", source, self._ringing())
+            sip_call.reject(486, "too many calls are ringing")
             return
         try:
             offer = sdp.parse(sip_call.offer.decode("utf-8", "replace"))
@@ -137,6 +143,10 @@ class SipDoor:
         call.ring_timer = asyncio.get_running_loop().call_later(self.sip.ring_timeout_s, self._unanswered, call)
         for event in self.sip.webhook_events:
             self._spawn(call, self._announce(call, event), "webhook")
+
+    def _ringing(self) -> int:
+        calls = {id(call): call for call in self.calls.values()}.values()
+        return sum(1 for call in calls if call.accepted_by is None and call.sip.state == "ringing")
 
     def _allowed(self, source: str) -> bool:
         try:
