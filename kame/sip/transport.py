@@ -17,6 +17,7 @@ logger = logging.getLogger(__name__)
 
 CONNECT_LIMIT_S = 5.0
 IDLE_STREAM_S = 600.0  # a TCP/TLS connection that carries nothing this long is closed
+LOGGED_UNREADABLE = 100  # unreadable messages logged one by one (the rest counted in stats)
 
 
 @dataclass(eq=False)
@@ -58,6 +59,7 @@ class SipTransport:
 
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
+        self.answers_allowed: Callable[[str], bool] = lambda source: True  # the user agent's rate limit
         self.stats = TransportStats()
         self._udp: asyncio.DatagramTransport | None = None
         self._servers: list[asyncio.base_events.Server] = []
@@ -150,7 +152,11 @@ class SipTransport:
 
     def _unreadable(self, data: bytes, flow: Flow, exc: SipError) -> None:
         self.stats.unreadable += 1
-        logger.info("SIP: an unreadable message from %s %s: %s", flow.transport, flow.address, exc)
+        if not self.answers_allowed(flow.address[0]):  # a flood of garbage gets no answers: nothing to reflect
+            return
+        if self.stats.unreadable <= LOGGED_UNREADABLE:
+            logger.info("SIP: an unreadable message from %s %s: %s%s", flow.transport, flow.address, exc,
+                        "; more are counted, not logged" if self.stats.unreadable == LOGGED_UNREADABLE else "")
         answer = _error_answer(data, exc)
         if answer is not None:
             self.send(answer, flow)

@@ -121,6 +121,7 @@ class SipEndpoint:
         self.public_host = public_host
         transport.handler = self._on_message
         self.limiter = TokenBucket(rate, burst)
+        transport.answers_allowed = self.limiter.allow  # a 400 to garbage counts against its source too
         self.dropped = 0  # requests over a source's rate
         self._server: dict[tuple, _ServerTransaction] = {}
         self._client: dict[tuple[str, str], _ClientTransaction] = {}
