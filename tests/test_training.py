@@ -240,6 +240,14 @@ def test_lora_run_exports_merged_plain_weights(tmp_path, small_tokens, tiny):
     assert all("lora_" in k or k.endswith("oracle_emb.weight") for k in saved)  # adapters + oracle only
 
 
+def failure(output: str) -> str:
+    """A failed run's output for the assertion: where Python's fault handler dumped the stacks (a rank that
+    aborted: "Fatal Python error: Aborted", the threads' stacks), then the end."""
+    start = output.find("Fatal Python error")
+    dump = output[start:start + 8000] + "\n...\n" if start >= 0 else ""
+    return dump + output[-3000:]
+
+
 def torchrun(run: Path, *flags: str) -> subprocess.CompletedProcess:
     """`kame train --from-tokens` on `run` in two gloo processes under torchrun."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -259,7 +267,7 @@ def torchrun(run: Path, *flags: str) -> subprocess.CompletedProcess:
 def test_torchrun_two_processes_give_the_same_checkpoint_format(tmp_path, small_tokens, tiny):
     run = fresh_run(tmp_path, small_tokens)
     done = torchrun(run, "--steps", "4")
-    assert done.returncode == 0, done.stdout[-3000:]
+    assert done.returncode == 0, failure(done.stdout)
     assert checkpoint_keys(run) == set(tiny.lm.state_dict()) | {"oracle_emb.weight"}
     assert [json.loads(line)["step"] for line in (run / "train" / "log.jsonl").read_text().splitlines()] == [4]
     load_frontend(str(run / "checkpoint"), "cpu")
@@ -272,7 +280,7 @@ def test_fsdp_trains_what_ddp_trains_and_resumes_sharded(tmp_path, small_tokens,
     ddp, fsdp = fresh_run(tmp_path / "ddp", small_tokens), fresh_run(tmp_path / "fsdp", small_tokens)
     for run, flags in ((ddp, ()), (fsdp, ("--fsdp",))):
         done = torchrun(run, "--steps", "4", "--checkpoint-every", "2", *flags)
-        assert done.returncode == 0, done.stdout[-3000:]
+        assert done.returncode == 0, failure(done.stdout)
     # the feed-forward blocks of 2 main layers and of the depformer's 4 steps, then the root
     assert "FSDP: 7 groups sharded over 2 processes" in done.stdout
     a = torch.load(ddp / "train" / "step-000004.pt", weights_only=False)
@@ -288,7 +296,7 @@ def test_fsdp_trains_what_ddp_trains_and_resumes_sharded(tmp_path, small_tokens,
     # the uninterrupted run did
     (fsdp / "train" / "step-000004.pt").unlink()
     done = torchrun(fsdp, "--steps", "4", "--checkpoint-every", "2", "--fsdp", "--resume")
-    assert done.returncode == 0, done.stdout[-3000:]
+    assert done.returncode == 0, failure(done.stdout)
     c = torch.load(fsdp / "train" / "step-000004.pt", weights_only=False)
     assert max(float((b["weights"][k] - c["weights"][k]).abs().max()) for k in b["weights"]) < 1e-5
     # an unsharded process cannot take over a sharded run's optimizer state
@@ -300,7 +308,7 @@ def test_fsdp_trains_what_ddp_trains_and_resumes_sharded(tmp_path, small_tokens,
     # LoRA under FSDP: frozen base and adapters in the same groups; only adapters + oracle saved
     lora = fresh_run(tmp_path / "lora", small_tokens)
     done = torchrun(lora, "--steps", "2", "--fsdp", "--lora-rank", "2")
-    assert done.returncode == 0, done.stdout[-3000:]
+    assert done.returncode == 0, failure(done.stdout)
     saved = torch.load(next((lora / "train").glob("step-*.pt")), weights_only=False)["weights"]
     assert any("lora_A" in k for k in saved) and all("lora_" in k or k.endswith("oracle_emb.weight") for k in saved)
     load_frontend(str(lora / "checkpoint"), "cpu")
