@@ -145,6 +145,7 @@ class SipSettings(BaseModel):
     webhook_events: list[Literal["realtime.call.incoming", "live.transport.incoming"]] = Field(
         default_factory=lambda: ["realtime.call.incoming", "live.transport.incoming"])
     ring_timeout_s: float = Field(30.0, gt=0, le=300)  # a call nobody accepts by then is declined (480)
+    dial_timeout_s: float = Field(60.0, gt=0, le=300)  # an outbound call not answered by then is cancelled
     # the codecs a call may use (an inbound call gets the first the caller offers of them; an outbound call
     # offers them in this order); G.722 (wideband, 16 kHz) needs PyAV
     codecs: list[Literal["PCMU", "PCMA", "G722"]] = Field(default_factory=lambda: ["PCMU", "PCMA", "G722"])

@@ -792,6 +792,26 @@ async def test_outbound_hangup_while_ringing_sends_cancel(monkeypatch):
 
 
 @run
+async def test_an_outbound_call_given_up_while_ringing_is_cancelled():
+    """The server's dial timeout cancels the task placing the call: once the callee rings, a CANCEL in the
+    INVITE's branch tells it to stop (RFC 3261 §9.1)."""
+    async with started() as (rig, peer):
+        async def dial() -> None:
+            async with asyncio.timeout(0.5):
+                await rig.endpoint.invite(f"sip:never@{LOOPBACK}:{peer.port}", OFFER,
+                                          Flow("UDP", (LOOPBACK, peer.port)), from_uri="sip:kame@example.com")
+        placing = asyncio.create_task(dial())
+        invite = await peer.expect(method("INVITE"))
+        peer.send(reply(invite, 180, "Ringing", tag="never1"), rig.address)
+        cancel = await peer.expect(method("CANCEL"))
+        assert isinstance(cancel, Request) and cancel.top_via.branch == invite.top_via.branch
+        assert cancel.cseq == (1, "CANCEL") and cancel.call_id == invite.call_id
+        peer.send(reply(cancel, 200), rig.address)
+        with pytest.raises(TimeoutError):
+            await placing
+
+
+@run
 async def test_outbound_call_may_ring_longer_than_the_transaction_time(monkeypatch):
     """Timer B stops at a provisional (§17.1.1.2): a phone ringing past TRANSACTION_S is still answered."""
     monkeypatch.setattr(ua, "TRANSACTION_S", 0.4)

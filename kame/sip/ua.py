@@ -525,11 +525,19 @@ class SipCall:
     async def _send_invite(self, ringing: Callable[[], None] | None) -> Response:
         self._pending = (self.invite.top_via.branch, self.invite.uri)
 
+        heard = False
+
         def provisional(response: Response) -> None:
+            nonlocal heard
+            heard = True
             if response.status in (180, 183) and ringing is not None:
                 ringing()
         try:
             return await self.endpoint.request(self.invite, self.flow, provisional)
+        except asyncio.CancelledError:  # given up (a dial timeout, the caller gone): the callee stops ringing
+            if heard:  # RFC 3261 §9.1: a CANCEL only once a provisional response came
+                self._spawn(self._cancel())
+            raise
         finally:
             self._pending = None
 
@@ -619,7 +627,7 @@ class SipCall:
             logger.info("SIP call %s: the BYE got %d %s", self.call_id, response.status, response.reason)
 
     async def _cancel(self) -> None:
-        branch, uri = self._pending or ("", "")
+        branch, uri = self.invite.top_via.branch, self.invite.uri
         headers = Headers()
         via = self.invite.top_via
         headers.add("Via", str(Via(via.transport, via.host, via.port, {"branch": branch, **{

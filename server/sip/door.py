@@ -288,8 +288,9 @@ class SipDoor:
             codecs = sdp.codecs_for(self.codecs)
             offer = sdp.offer(address=self.endpoint.local_address(flow)[0], port=rtp.port,
                               session_id=secrets.randbelow(2**31), session_version=1, codecs=codecs)
-            sip_call = await self.endpoint.invite(target, offer.encode(), flow, from_uri=from_uri,
-                                                  credentials=credentials)
+            async with asyncio.timeout(self.sip.dial_timeout_s):  # then a CANCEL: the callee stops ringing
+                sip_call = await self.endpoint.invite(target, offer.encode(), flow, from_uri=from_uri,
+                                                      credentials=credentials)
             answer = sdp.parse(sip_call.answer.decode("utf-8", "replace"))
             codec, dtmf = sdp.negotiated(answer, codecs)
             audio = answer.audio()
@@ -300,7 +301,8 @@ class SipDoor:
             if sip_call is not None:
                 await sip_call.hangup("the answer's SDP cannot be used")
             status = exc.status if isinstance(exc, CallFailed) else None
-            raise ControlError(502, "call_failed", f"the call to {target} failed: {exc}"
+            reason = f"no answer within {self.sip.dial_timeout_s:.0f} s" if isinstance(exc, TimeoutError) else exc
+            raise ControlError(502, "call_failed", f"the call to {target} failed: {reason}"
                                + (f" (SIP {status})" if status else "")) from None
         except BaseException:
             await _discard(rtp, runner, tandem)
