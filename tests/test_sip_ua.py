@@ -809,6 +809,13 @@ async def test_an_outbound_call_given_up_while_ringing_is_cancelled():
         peer.send(reply(cancel, 200), rig.address)
         with pytest.raises(TimeoutError):
             await placing
+        # the callee answered as the CANCEL crossed it (RFC 3261 §15): its 200 is ACKed, then the call is ended
+        peer.send(reply(invite, 200, "OK", tag="never1"), rig.address)
+        ack = await peer.expect(method("ACK"))
+        assert ack.call_id == invite.call_id and ack.cseq == (1, "ACK")
+        bye = await peer.expect(method("BYE"))
+        assert bye.call_id == invite.call_id and bye.cseq[1] == "BYE"
+        peer.send(reply(bye, 200), rig.address)
 
 
 @run

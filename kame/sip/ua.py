@@ -127,6 +127,7 @@ class SipEndpoint:
         self._client: dict[tuple[str, str], _ClientTransaction] = {}
         self._invites: dict[tuple, SipCall] = {}  # an inbound INVITE's transaction key -> its call (CANCEL)
         self._dialogs: dict[tuple[str, str, str], SipCall] = {}
+        self._given_up: dict[str, SipCall] = {}  # outbound calls cancelled while ringing, by Call-ID (their 2xx: BYE)
 
     # ---------------------------------------------------------------- addresses
 
@@ -244,6 +245,10 @@ class SipEndpoint:
                                           NameAddr.parse(response.headers.get("To") or "").tag or ""))
                 if call is not None and call._ack is not None:
                     self.transport.send(call._ack, call.flow)
+                elif call is None and (given_up := self._given_up.pop(response.call_id, None)) is not None:
+                    given_up._established(response)  # answered as we cancelled (§15): ACK it, then BYE
+                    given_up.state = "ended"
+                    given_up._spawn(given_up._bye("given up before the answer"))
             return
         if response.status < 200:
             if transaction.timer is not None and method == "INVITE":  # Timer A stops at a provisional
@@ -362,7 +367,12 @@ class SipEndpoint:
                 cseq += 1
                 continue
             if 200 <= response.status < 300:
+                hung_up = call.state == "ended"  # hangup() sent a CANCEL, and the answer crossed it (§15)
                 call._established(response)
+                if hung_up:
+                    call.state = "ended"
+                    call._spawn(call._bye("hung up before the answer"))
+                    raise CallFailed(487, "hung up before the answer")
                 return call
             raise CallFailed(response.status, response.reason)
         raise CallFailed(response.status, "the trunk refused the credentials")
@@ -537,6 +547,8 @@ class SipCall:
         except asyncio.CancelledError:  # given up (a dial timeout, the caller gone): the callee stops ringing
             if heard:  # RFC 3261 §9.1: a CANCEL only once a provisional response came
                 self._spawn(self._cancel())
+            self.endpoint._given_up[self.call_id] = self
+            asyncio.get_running_loop().call_later(TRANSACTION_S, self.endpoint._given_up.pop, self.call_id, None)
             raise
         finally:
             self._pending = None
@@ -622,9 +634,13 @@ class SipCall:
         self._end(reason)  # the slot goes back now; the BYE's answer only tells us the peer heard
         if self._ok_timer is not None:
             self._ok_timer.cancel()
+        await self._bye(reason)
+
+    async def _bye(self, reason: str) -> None:
         response = await self.endpoint.request(self._in_dialog_request("BYE"), self.flow)
         if response.status >= 300:
-            logger.info("SIP call %s: the BYE got %d %s", self.call_id, response.status, response.reason)
+            logger.info("SIP call %s (%s): the BYE got %d %s", self.call_id, reason, response.status,
+                        response.reason)
 
     async def _cancel(self) -> None:
         branch, uri = self.invite.top_via.branch, self.invite.uri

@@ -233,7 +233,11 @@ class SipDoor:
             await _discard(rtp, runner, tandem)
             call.sip.reject(488, str(exc)[:80])
             raise ControlError(400, "invalid_offer", str(exc)) from None
-        call.sip.accept(answer.encode())
+        try:
+            call.sip.accept(answer.encode())
+        except SipError:  # the caller hung up (CANCEL) while the slot was being taken
+            await _discard(rtp, runner, tandem)
+            raise ControlError(409, "call_ended", f"the call is over ({call.sip.end_reason})") from None
         audio = call.offer.audio()
         assert audio is not None
         self._run_call(call, rtp, link, runner, tandem, (audio.address, audio.port), codec, dtmf, params)
