@@ -237,6 +237,8 @@ def create_app(settings: ServerSettings, services: Services | None = None,
     app.state.sessions = set()
     app.state.draining = False
     app.state.sip = SipDoor(settings, app.state) if settings.sip.listen and front is None else None
+    if settings.sip.listen and front is not None:
+        logger.warning("[sip] listen is ignored with --fronts: SIP calls need one process (docs/telephony.md)")
     sip_control.register(app, lambda: app.state.sip, access)
 
     async def drain() -> None:

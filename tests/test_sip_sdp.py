@@ -672,3 +672,15 @@ def test_randomized_offers():
         media = reply.audio()
         assert media.codecs == ((codec, dtmf) if dtmf else (codec,))
         assert (media.port, media.direction, media.ptime) == (US["port"], mirrored[direction], 20)
+
+
+def test_g722_written_at_its_sample_rate_keeps_its_8000_clock_and_the_digits():
+    """baresip writes `G722/16000`; G.722's RTP clock is 8000 (RFC 3551 §4.5.2), so telephone-event/8000 pairs
+    with it and the caller's digits stay negotiated."""
+    offer = parse("v=0\r\no=- 1 1 IN IP4 192.0.2.2\r\ns=-\r\nc=IN IP4 192.0.2.2\r\nt=0 0\r\n"
+                  "m=audio 40000 RTP/AVP 9 101\r\na=rtpmap:9 G722/16000\r\na=rtpmap:101 telephone-event/8000\r\n"
+                  "a=fmtp:101 0-15\r\na=ptime:20\r\n")
+    _, codec, dtmf = answer(offer, address="192.0.2.1", port=5000, session_id=1, session_version=1,
+                            supported=("PCMU", "PCMA", "G722"))
+    assert (codec.name, codec.clock_rate) == ("G722", 8000)
+    assert dtmf is not None and dtmf.payload_type == 101

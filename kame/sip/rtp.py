@@ -382,6 +382,8 @@ class RtpSession:
         self._fmt: RtpFormat | None = None
         self._remote: tuple[str, int] | None = None
         self._peer: tuple[str, int] | None = None  # latched from the first valid packet
+        # the addresses the first packet may come from (the SDP's, the signalling peer's); None: any
+        self.latch_from: Callable[[str], bool] | None = None
         self._hold = False
         self._on_audio: Callable[[bytes], None] = _ignore
         self._on_digit: Callable[[str], None] = _ignore
@@ -532,6 +534,10 @@ class RtpSession:
         if self._peer is not None and source != self._peer:
             self.stats.packets_foreign += 1
             logger.debug("RTP from %s ignored: the peer is %s", source, self._peer)
+            return
+        if self._peer is None and self.latch_from is not None and not self.latch_from(source[0]):
+            self.stats.packets_foreign += 1  # RTP bleed: a stranger spraying ports may not become the peer
+            logger.debug("RTP from %s ignored: not an address the call may latch to", source)
             return
         is_event = packet.payload_type == self._fmt.dtmf_payload_type
         if packet.payload_type != self._fmt.payload_type and not is_event:

@@ -218,6 +218,8 @@ def _rtpmap(rest: str, number: int) -> tuple[int, tuple[str, int, int]]:
         raise SdpError(f"a=rtpmap (line {number}): {rest!r} is not '<payload type> <name>/<rate>[/<channels>]'")
     rate = _number(pieces[1], f"a=rtpmap:{payload_type} (line {number}) clock rate")
     channels = _number(pieces[2], f"a=rtpmap:{payload_type} (line {number}) channels") if len(pieces) == 3 else 1
+    if pieces[0].upper() == "G722" and rate == 16000:
+        rate = 8000  # some phones (baresip) write G.722's sample rate; its RTP clock is 8000 (RFC 3551 §4.5.2)
     return _number(payload_type, f"a=rtpmap (line {number}) payload type", 127), (pieces[0], rate, channels)
 
 

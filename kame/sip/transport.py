@@ -16,7 +16,9 @@ from kame.sip.message import MAX_MESSAGE_BYTES, Headers, Message, Request, Respo
 logger = logging.getLogger(__name__)
 
 CONNECT_LIMIT_S = 5.0
-IDLE_STREAM_S = 600.0  # a TCP/TLS connection that carries nothing this long is closed
+# a TCP/TLS connection that carries nothing this long is closed: longer than a session may last (an hour by
+# default), so a quiet call keeps the connection its BYE will need
+IDLE_STREAM_S = 4 * 3600.0
 LOGGED_UNREADABLE = 100  # unreadable messages logged one by one (the rest counted in stats)
 
 

@@ -123,6 +123,8 @@ class SipEndpoint:
         self.limiter = TokenBucket(rate, burst)
         transport.answers_allowed = self.limiter.allow  # a 400 to garbage counts against its source too
         self.dropped = 0  # requests over a source's rate
+        self.admits: Callable[[str], bool] = lambda source: True  # who may send a new INVITE (the application's)
+        self.refused = 0  # INVITEs from sources not admitted
         self._server: dict[tuple, _ServerTransaction] = {}
         self._client: dict[tuple[str, str], _ClientTransaction] = {}
         self._invites: dict[tuple, SipCall] = {}  # an inbound INVITE's transaction key -> its call (CANCEL)
@@ -165,6 +167,15 @@ class SipEndpoint:
         via = request.top_via
         if request.method == "ACK":
             self._on_ack(request, via)
+            return
+        if request.method == "INVITE" and not self.admits(flow.address[0]) \
+                and NameAddr.parse(request.headers.get("To") or "").tag is None:
+            # a caller not allowed costs one answer and no state (no transaction kept, no retransmission)
+            self.transport.send(response_to(request, 403, "not allowed to call this server", to_tag=new_tag()), flow)
+            self.refused += 1
+            if self.refused in (1, 10, 100, 1000, 10000):
+                logger.info("SIP: an INVITE from %s refused (403): not an address allowed to call (%d so far)",
+                            flow.address[0], self.refused)
             return
         key = (via.branch, via.host, via.port, request.method)
         known = self._server.get(key)

@@ -55,6 +55,9 @@ class Call:
     rtp: RtpSession | None = None
     ring_timer: asyncio.TimerHandle | None = None
     tasks: set[asyncio.Task] = field(default_factory=set)
+    codec: str | None = None  # the codec the call's audio path was built for: a re-INVITE keeps it
+    sdp_id: int = field(default_factory=lambda: secrets.randbelow(2**31))  # our SDP's o= id ...
+    sdp_version: int = 1  # ... and version, one more each answer (RFC 3264 §8)
 
 
 class SipDoor:
@@ -67,6 +70,7 @@ class SipDoor:
         self.transport = SipTransport(lambda message, flow: None)
         self.endpoint = SipEndpoint(self.transport, self._on_invite, public_host=self.sip.public_host,
                                     rate=self.sip.requests_per_s, burst=self.sip.requests_per_s * 3)
+        self.endpoint.admits = self._allowed  # refused before the stack keeps anything of the call
         self.poster: WebhookPoster | None = None
         self.refused = 0
         self.codecs = tuple(self.sip.codecs)
@@ -186,6 +190,8 @@ class SipDoor:
                                f"the call was accepted already (by the {call.accepted_by} call control)")
         if call.sip.state != "ringing":
             raise ControlError(409, "call_ended", f"the call is over ({call.sip.end_reason})")
+        if self.state.draining:
+            raise ControlError(503, "server_busy", "the server is shutting down")
         await self._accept(call, kind, params)
 
     def reject(self, call_id: str, status: int) -> None:
@@ -197,6 +203,7 @@ class SipDoor:
         call.sip.reject(status)
 
     async def refer(self, call_id: str, target: str) -> None:
+        _header_safe(target, "target_uri")
         call = self.find(call_id)
         try:
             status = await call.sip.refer(target)
@@ -227,12 +234,16 @@ class SipDoor:
             raise
         try:
             answer, codec, dtmf = sdp.answer(call.offer, address=self._media_address(call.sip), port=rtp.port,
-                                             session_id=secrets.randbelow(2**31), session_version=1,
+                                             session_id=call.sdp_id, session_version=call.sdp_version,
                                              supported=self.codecs)
-        except sdp.SdpError as exc:
+        except (sdp.SdpError, ValueError) as exc:
             await _discard(rtp, runner, tandem)
             call.sip.reject(488, str(exc)[:80])
             raise ControlError(400, "invalid_offer", str(exc)) from None
+        if self.state.draining:  # the server began to stop while the slot was being taken
+            await _discard(rtp, runner, tandem)
+            call.sip.reject(503, "the server is shutting down")
+            raise ControlError(503, "server_busy", "the server is shutting down")
         try:
             call.sip.accept(answer.encode())
         except SipError:  # the caller hung up (CANCEL) while the slot was being taken
@@ -240,7 +251,12 @@ class SipDoor:
             raise ControlError(409, "call_ended", f"the call is over ({call.sip.end_reason})") from None
         audio = call.offer.audio()
         assert audio is not None
-        self._run_call(call, rtp, link, runner, tandem, (audio.address, audio.port), codec, dtmf, params)
+        try:
+            self._run_call(call, rtp, link, runner, tandem, (audio.address, audio.port), codec, dtmf, params)
+        except BaseException:
+            await _discard(rtp, runner, tandem)
+            self._spawn(call, call.sip.hangup("the call could not start"), "hangup")
+            raise
         logger.info("SIP call %s from %s answered (%s, %s): session %s", call.realtime_id, call.sip.flow.address[0],
                     kind, codec.name, runner.id)
 
@@ -266,9 +282,16 @@ class SipDoor:
         phone = self.settings.phone
         carrier = PhoneCarrier(runner, tandem, SipStream(), lead_frames=phone.lead_frames,
                                keypad_to_llm=phone.keypad_to_llm)
-        call.runner, call.link, call.rtp = runner, link, rtp
+        call.runner, call.link, call.rtp, call.codec = runner, link, rtp, codec.name
+        # only the SDP's address or the signalling peer's may become the RTP peer (not a stranger's spray)
+        sources = {remote[0], call.sip.flow.address[0]}
+        rtp.latch_from = lambda source: source in sources or self._allowed(source)
         rtp.start(remote, self._format(codec, dtmf), on_audio=link.audio, on_digit=link.digit,
                   on_timeout=lambda: link.stopped(f"no RTP for {self.sip.rtp_timeout_s:.0f} s"))
+        audio = call.offer.audio()
+        if audio is not None and on_hold(audio):  # a call that starts on hold (inactive, 0.0.0.0)
+            rtp.update(None, hold=True)
+            link.held = True
         link.started(call.realtime_id, *ENCODING[codec.name], params)
         self.state.sessions.add(runner)
         self._spawn(call, self._run(call, runner, tandem, carrier), "session")
@@ -290,7 +313,9 @@ class SipDoor:
         try:
             flow = await self.transport.connect(*flow_to)
             codecs = sdp.codecs_for(self.codecs)
-            offer = sdp.offer(address=self.endpoint.local_address(flow)[0], port=rtp.port,
+            address = self.sip.public_host or (self._rtp_host() if self._rtp_host() not in ("0.0.0.0", "::")
+                                               else self.endpoint.local_address(flow)[0])
+            offer = sdp.offer(address=address, port=rtp.port,
                               session_id=secrets.randbelow(2**31), session_version=1, codecs=codecs)
             async with asyncio.timeout(self.sip.dial_timeout_s):  # then a CANCEL: the callee stops ringing
                 sip_call = await self.endpoint.invite(target, offer.encode(), flow, from_uri=from_uri,
@@ -326,6 +351,7 @@ class SipDoor:
         destination, trunk = transport.get("destination"), transport.get("trunk")
         if not isinstance(destination, str) or not destination:
             raise ControlError(400, "missing_required_parameter", "transport.destination (+E.164 or a sip: URI)")
+        _header_safe(destination, "transport.destination")
         if not isinstance(trunk, dict) or not isinstance(trunk.get("provider_url"), str):
             raise ControlError(400, "missing_required_parameter",
                                "transport.trunk.provider_url (sips:host or sip:host)")
@@ -343,6 +369,8 @@ class SipDoor:
         target = destination if destination.startswith(("sip:", "sips:")) else \
             str(SipUri("sip", destination, provider.host, provider.port))
         caller = trunk.get("caller_number")
+        if isinstance(caller, str):
+            _header_safe(caller, "transport.trunk.caller_number")
         from_uri = str(SipUri("sip", caller if isinstance(caller, str) and caller else "kame", provider.host))
         auth = trunk.get("auth")
         credentials = None
@@ -362,6 +390,8 @@ class SipDoor:
                 await call.rtp.close()
             if call.sip.state != "ended":
                 await call.sip.hangup("the session ended")
+            if call.accepted_by == "outbound" and call.sip.flow.writer is not None:
+                call.sip.flow.writer.close()  # the TCP/TLS connection this call opened to its trunk
 
     def _format(self, codec: sdp.Codec, dtmf: sdp.Codec | None) -> RtpFormat:
         return RtpFormat(codec.payload_type, silence=self.silence[codec.name],
@@ -374,7 +404,13 @@ class SipDoor:
         return (self.sip.rtp_port_min, self.sip.rtp_port_max) if self.sip.rtp_port_min else None
 
     def _media_address(self, sip_call: SipCall) -> str:
-        """The address our SDP names: the public host, else the one the peer reaches us on."""
+        """The address our SDP names: the public host, else RTP's own when bound to one, else the one the peer
+        reaches us on."""
+        if self.sip.public_host:
+            return self.sip.public_host
+        rtp_host = self._rtp_host()
+        if rtp_host not in ("0.0.0.0", "::", ""):
+            return rtp_host
         return self.endpoint.local_address(sip_call.flow)[0]
 
     def _forget(self, call: Call) -> None:
@@ -410,15 +446,20 @@ class _Handler:
             offer = sdp.parse(offer_bytes.decode("utf-8", "replace"))
             rtp = self.call.rtp
             port = rtp.port if rtp is not None else 9
+            # the call's audio path was built for one codec: a re-INVITE keeps it (or is refused, 488)
+            keep = (self.call.codec,) if self.call.codec else self.door.codecs
+            self.call.sdp_version += 1
             answer, codec, dtmf = sdp.answer(offer, address=self.door._media_address(sip_call), port=port,
-                                             session_id=secrets.randbelow(2**31), session_version=2,
-                                             supported=self.door.codecs)
-        except sdp.SdpError as exc:
+                                             session_id=self.call.sdp_id, session_version=self.call.sdp_version,
+                                             supported=keep)
+        except (sdp.SdpError, ValueError) as exc:
             raise SipError(str(exc)[:80], 488) from None
         audio = offer.audio()
         if rtp is not None and audio is not None:
-            hold = audio.direction in ("sendonly", "inactive") or audio.address in ("0.0.0.0", "::")
+            hold = on_hold(audio)
             rtp.update((audio.address, audio.port) if not hold else None, self.door._format(codec, dtmf), hold=hold)
+            if self.call.link is not None:
+                self.call.link.held = hold  # the caller's music on hold is not the caller's words
         self.call.offer = offer
         return answer.encode()
 
@@ -428,6 +469,17 @@ class _Handler:
 
     def transfer(self, sip_call: SipCall, status_line: str) -> None:
         logger.info("SIP call %s: the transfer: %s", self.call.realtime_id, status_line)
+
+
+def _header_safe(value: str, param: str) -> None:
+    """What goes into a SIP header from a request: no whitespace, line breaks, quotes or angle brackets."""
+    if not value or any(char.isspace() or char in '<>"' for char in value) or len(value) > 256:
+        raise ControlError(400, "invalid_value", f"{param}: a SIP URI or a number, with no spaces, quotes or <>")
+
+
+def on_hold(audio: sdp.Media) -> bool:
+    """The offer puts the call on hold: sendonly or inactive, or the old form, a 0.0.0.0 address."""
+    return audio.direction in ("sendonly", "inactive") or audio.address in ("0.0.0.0", "::")
 
 
 async def _discard(rtp: RtpSession | None, runner: SessionRunner | None, tandem) -> None:
@@ -451,6 +503,15 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _field(data: object, *path: str) -> object:
+    """data[path[0]][path[1]]...; None where any step is missing or not an object."""
+    for key in path:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
 def session_params(kind: str, body: dict) -> dict[str, str]:
     """What the phone path takes of an accept's session: instructions, the voice, a model KAME serves (an
     OpenAI model's name means the server's default). Realtime's body is the session itself; Live's has it
@@ -461,13 +522,12 @@ def session_params(kind: str, body: dict) -> dict[str, str]:
     params: dict[str, str] = {}
     if isinstance(session.get("instructions"), str):
         params["instructions"] = session["instructions"]
-    voice = ((session.get("audio") or {}).get("output") or {}).get("voice") or session.get("voice")
+    voice = _field(session, "audio", "output", "voice") or session.get("voice")
     if isinstance(voice, str):
         params["voice"] = voice
     model = session.get("model")
-    delegation = session.get("delegation") or {}
-    if kind == "live" and isinstance(delegation, dict):
-        model = (delegation.get("responses") or {}).get("model") or model
+    if kind == "live":
+        model = _field(session, "delegation", "responses", "model") or model
     if isinstance(model, str) and model and not model.startswith(REALTIME_MODELS):
         params["llm"] = model
     return params

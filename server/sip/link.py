@@ -41,6 +41,7 @@ class RtpLink:
         self.call, self.rtp = call, rtp
         self._inbox: asyncio.Queue[Message | None] = asyncio.Queue(QUEUE_MESSAGES)
         self._closed = False
+        self.held = False
         self.overflowed = 0
         self._tasks: set[asyncio.Task] = set()
 
@@ -51,7 +52,8 @@ class RtpLink:
                               "params": params}))
 
     def audio(self, payload: bytes) -> None:
-        self._put(payload)
+        if not self.held:  # on hold the line carries the PBX's music, not the caller
+            self._put(payload)
 
     def digit(self, digit: str) -> None:
         self._put(json.dumps({"event": "dtmf", "digit": digit}))
