@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -119,8 +120,10 @@ class SipTransport:
 
     async def connect(self, transport: str, address: tuple[str, int]) -> Flow:
         """A flow toward `address`: UDP at once; a new TCP/TLS connection otherwise (OSError on failure)."""
-        if transport == "UDP":
-            return Flow("UDP", address)
+        if transport == "UDP":  # resolved here, once, off the loop: sendto would resolve a name every packet
+            family = self._udp.get_extra_info("socket").family if self._udp is not None else socket.AF_UNSPEC
+            infos = await asyncio.get_running_loop().getaddrinfo(*address, family=family, type=socket.SOCK_DGRAM)
+            return Flow("UDP", infos[0][4][:2])
         tls = self._tls_client if transport == "TLS" else None
         if transport == "TLS" and tls is None:
             tls = ssl.create_default_context()

@@ -508,7 +508,7 @@ class SipCall:
         if 100 < status < 300:
             extra += [("Record-Route", value) for value in self.route]
         if status == 200:
-            extra += [("Allow", ALLOW), ("Supported", "replaces")]
+            extra += [("Allow", ALLOW)]
         assert self._transaction is not None
         return self.endpoint.respond(self._transaction, status, reason, headers=[*extra, *headers], body=body,
                                      to_tag=self.local.tag)
