@@ -96,8 +96,26 @@ class Headers:
         return Headers(list(self.items))
 
 
+class _Fields:
+    """What requests and responses both carry and the user agent reads of them."""
+
+    headers: Headers
+
+    @property
+    def cseq(self) -> tuple[int, str]:
+        return parse_cseq(self.headers.get("CSeq") or "")
+
+    @property
+    def call_id(self) -> str:
+        return self.headers.get("Call-ID") or ""
+
+    @property
+    def top_via(self) -> Via:
+        return Via.parse(self.headers.get("Via") or "")
+
+
 @dataclass
-class Request:
+class Request(_Fields):
     method: str
     uri: str
     headers: Headers = field(default_factory=Headers)
@@ -106,21 +124,9 @@ class Request:
     def __bytes__(self) -> bytes:
         return _write(f"{self.method} {self.uri} SIP/2.0", self.headers, self.body)
 
-    @property
-    def cseq(self) -> tuple[int, str]:
-        return parse_cseq(self.headers.get("CSeq") or "")
-
-    @property
-    def call_id(self) -> str:
-        return self.headers.get("Call-ID") or ""
-
-    @property
-    def top_via(self) -> Via:
-        return Via.parse(self.headers.get("Via") or "")
-
 
 @dataclass
-class Response:
+class Response(_Fields):
     status: int
     reason: str = ""
     headers: Headers = field(default_factory=Headers)
@@ -129,18 +135,6 @@ class Response:
     def __bytes__(self) -> bytes:
         return _write(f"SIP/2.0 {self.status} {self.reason or REASONS.get(self.status, 'Unknown')}",
                       self.headers, self.body)
-
-    @property
-    def cseq(self) -> tuple[int, str]:
-        return parse_cseq(self.headers.get("CSeq") or "")
-
-    @property
-    def call_id(self) -> str:
-        return self.headers.get("Call-ID") or ""
-
-    @property
-    def top_via(self) -> Via:
-        return Via.parse(self.headers.get("Via") or "")
 
 
 Message = Request | Response
