@@ -16,7 +16,7 @@ from kame.errors import EngineError, SessionError
 from kame.sip import sdp
 from kame.sip.message import SipError, SipUri
 from kame.sip.rtp import RtpFormat, RtpSession
-from kame.sip.transport import SipTransport
+from kame.sip.transport import Flow, SipTransport
 from kame.sip.ua import CallFailed, SipCall, SipEndpoint
 from server.phone import audio as phone_audio
 from server.phone.carrier import PhoneCarrier
@@ -233,7 +233,7 @@ class SipDoor:
             call.sip.reject(500)
             raise
         try:
-            answer, codec, dtmf = sdp.answer(call.offer, address=self._media_address(call.sip), port=rtp.port,
+            answer, codec, dtmf = sdp.answer(call.offer, address=self._media_address(call.sip.flow), port=rtp.port,
                                              session_id=call.sdp_id, session_version=call.sdp_version,
                                              supported=self.codecs)
         except (sdp.SdpError, ValueError) as exc:
@@ -304,7 +304,7 @@ class SipDoor:
         services = self.state.services
         if services is None or self.state.draining:
             raise ControlError(503, "server_busy", "the server is not taking calls now")
-        live_id = "live_" + secrets.token_hex(16)
+        live_id, sdp_id = "live_" + secrets.token_hex(16), secrets.randbelow(2**31)
         try:
             rtp, link, runner, tandem = await self._open(None, live_id)
         except (EngineError, SessionError) as exc:
@@ -313,10 +313,8 @@ class SipDoor:
         try:
             flow = await self.transport.connect(*flow_to)
             codecs = sdp.codecs_for(self.codecs)
-            address = self.sip.public_host or (self._rtp_host() if self._rtp_host() not in ("0.0.0.0", "::")
-                                               else self.endpoint.local_address(flow)[0])
-            offer = sdp.offer(address=address, port=rtp.port,
-                              session_id=secrets.randbelow(2**31), session_version=1, codecs=codecs)
+            offer = sdp.offer(address=self._media_address(flow), port=rtp.port, session_id=sdp_id,
+                              session_version=1, codecs=codecs)
             async with asyncio.timeout(self.sip.dial_timeout_s):  # then a CANCEL: the callee stops ringing
                 sip_call = await self.endpoint.invite(target, offer.encode(), flow, from_uri=from_uri,
                                                       credentials=credentials)
@@ -336,7 +334,7 @@ class SipDoor:
         except BaseException:
             await _discard(rtp, runner, tandem)
             raise
-        call = Call(sip_call, answer, live_id=live_id, accepted_by="outbound")
+        call = Call(sip_call, answer, live_id=live_id, accepted_by="outbound", sdp_id=sdp_id)  # our offer's o= id
         sip_call.handler = _Handler(self, call)
         link.call = sip_call
         self.calls[call.realtime_id] = self.calls[call.live_id] = call
@@ -403,7 +401,7 @@ class SipDoor:
     def _rtp_ports(self) -> tuple[int, int] | None:
         return (self.sip.rtp_port_min, self.sip.rtp_port_max) if self.sip.rtp_port_min else None
 
-    def _media_address(self, sip_call: SipCall) -> str:
+    def _media_address(self, flow: Flow) -> str:
         """The address our SDP names: the public host, else RTP's own when bound to one, else the one the peer
         reaches us on."""
         if self.sip.public_host:
@@ -411,7 +409,7 @@ class SipDoor:
         rtp_host = self._rtp_host()
         if rtp_host not in ("0.0.0.0", "::", ""):
             return rtp_host
-        return self.endpoint.local_address(sip_call.flow)[0]
+        return self.endpoint.local_address(flow)[0]
 
     def _forget(self, call: Call) -> None:
         if call.ring_timer is not None:
@@ -449,7 +447,7 @@ class _Handler:
             # the call's audio path was built for one codec: a re-INVITE keeps it (or is refused, 488)
             keep = (self.call.codec,) if self.call.codec else self.door.codecs
             self.call.sdp_version += 1
-            answer, codec, dtmf = sdp.answer(offer, address=self.door._media_address(sip_call), port=port,
+            answer, codec, dtmf = sdp.answer(offer, address=self.door._media_address(sip_call.flow), port=port,
                                              session_id=self.call.sdp_id, session_version=self.call.sdp_version,
                                              supported=keep)
         except (sdp.SdpError, ValueError) as exc:
