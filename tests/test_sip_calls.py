@@ -154,9 +154,14 @@ def hooked(sip_llm):
     port = free_udp_tcp_port()
     sip = {"listen": f"127.0.0.1:{port}", "webhook_url": receiver.url, "webhook_secret": SECRET,
            "ring_timeout_s": 3.0, "rtp_timeout_s": 3.0, "trusted_trunks": ["127.0.0.1"]}
+    # The echo canceller off, as for callers whose phones cancel their own echo: baresip sends back nothing of
+    # what it hears, and the tiny front-end talks (noise) from its first frame to the last, so every word a
+    # caller says is double talk with no echo path, the case where AEC3 holds the caller back until it learns
+    # (docs/echo.md, "No echo at all"; with it on, the G.722 call's question failed 4 of 6 runs here, the
+    # LLM asked "how many legs does this?"). These tests are about SIP; the last one keeps the default on.
     try:
         with running_server(asr="whisper", max_sessions=SLOTS, profiles=profiles, llm="scripted",
-                            auth_tokens=[TOKEN], sip=sip) as (url, services):
+                            auth_tokens=[TOKEN], sip=sip, echo={"telephone": False}) as (url, services):
             yield Hooked(url, services, port, receiver, sip_llm)
     finally:
         receiver.server.should_exit = True
@@ -359,10 +364,16 @@ def test_an_outbound_call_through_a_trusted_trunk(hooked, question_wav, tmp_path
 # -------------------------------------------------------------------- other settings, small servers
 
 
-def test_without_a_webhook_a_softphone_is_answered_at_once_from_an_allowed_address_only(tmp_path, question_wav):
+def test_without_a_webhook_a_softphone_is_answered_at_once_from_an_allowed_address_only(tmp_path, question_wav,
+                                                                                       monkeypatch):
     """No webhook: a call from loopback is answered at once with the default session (a softphone calling a
-    laptop); from an address not allowed, 403 before anything runs; a session at its limit hangs up (BYE)."""
+    laptop), its audio through the echo canceller (on by default); from an address not allowed, 403 before
+    anything runs; a session at its limit hangs up (BYE)."""
+    from server.echo import CallEcho
+
     require_baresip()
+    cancelled, heard = [], CallEcho.heard
+    monkeypatch.setattr(CallEcho, "heard", lambda echo, pcm: cancelled.append(len(pcm)) or heard(echo, pcm))
     port = free_udp_tcp_port()
     with running_server(asr="none", max_sessions=SLOTS, max_session_s=6.0,
                         sip={"listen": f"127.0.0.1:{port}"}) as (_, services), \
@@ -374,6 +385,7 @@ def test_without_a_webhook_a_softphone_is_answered_at_once_from_an_allowed_addre
         alice.wait_for("CALL_CLOSED", 20)  # the server's BYE at the session's 6 s limit
         wait_until(lambda: free_slots(services) == SLOTS, "the slot came back", 10)
     assert len(alice.heard()) > 8000  # the call's audio recorded at the caller (tiny-copy with no ASR: quiet)
+    assert sum(cancelled) > 24000 * 2, cancelled[-3:]  # seconds of the caller's audio went through the canceller
     port = free_udp_tcp_port()
     with running_server(asr="none", sip={"listen": f"127.0.0.1:{port}", "allow_from": ["192.0.2.0/24"]}), \
             Baresip(tmp_path / "bob", question_wav) as bob:
