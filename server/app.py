@@ -265,6 +265,11 @@ def create_app(settings: ServerSettings, services: Services | None = None,
 
     @app.websocket("/v1/realtime")
     async def realtime(ws: WebSocket) -> None:
+        if "call_id" in ws.query_params:  # the sideband of a SIP call the Realtime call control accepted
+            call_id = ws.query_params["call_id"]
+            await sideband.serve(ws, lambda: sip_control.realtime_call(app.state.sip, call_id),
+                                 f"no Realtime call {call_id!r}", access, settings.send_queue_messages)
+            return
         services = app.state.services
         beta = "realtime=v1" in ws.headers.get("openai-beta", "")
         model = ws.query_params.get("model", "")

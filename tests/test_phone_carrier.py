@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 from openai.types.live.connect_server_event import ConnectServerEvent
+from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
 from kame.clock import ManualClock, settle
@@ -27,6 +28,7 @@ from server.settings import ServerSettings
 from tests.test_session_runner import QueueLink
 
 SIDEBAND_EVENT = TypeAdapter(ConnectServerEvent)
+REALTIME_EVENT = TypeAdapter(RealtimeServerEvent)  # the Realtime API's server events, as the SDK types them
 
 STREAM = "MZ0123"
 CONNECTED = json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"})
@@ -87,14 +89,15 @@ class Tandem:
 class Call:
     """A call on the real runner: the link is the carrier's side (`say`), the clock is manual."""
 
-    def __init__(self, **settings) -> None:
+    def __init__(self, realtime: dict | None = None, **settings) -> None:
         self.clock = ManualClock()
-        services = SimpleNamespace(settings=ServerSettings(**settings), metrics=Metrics(),
-                                   runtime=SimpleNamespace(profiles={"scripted": SimpleNamespace(model="scripted")}))
+        runtime = SimpleNamespace(profiles={"scripted": SimpleNamespace(model="scripted")},
+                                  frontend=SimpleNamespace(source="tiny-copy"), asr=SimpleNamespace(name="whisper"))
+        services = SimpleNamespace(settings=ServerSettings(**settings), metrics=Metrics(), runtime=runtime)
         self.link = QueueLink()
         self.runner = SessionRunner(services, self.link, "twilio", self.clock)
         self.tandem = Tandem()
-        self.carrier = PhoneCarrier(self.runner, self.tandem, TwilioStream())
+        self.carrier = PhoneCarrier(self.runner, self.tandem, TwilioStream(), realtime=realtime)
         self.task = asyncio.create_task(self.runner.run(self.tandem, self.carrier))
         self._read = 0
 
@@ -246,7 +249,7 @@ def test_keypad_digits_reach_the_llm_as_one_run_and_the_sidebands_each():
         run = call.tandem.of(AddUserText)
         await call.say(dtmf("7"), dtmf("#"))  # '#' ends a run at once
         hashed = call.tandem.of(AddUserText)
-        replay = [SIDEBAND_EVENT.validate_python(e).event for e in call.carrier.live.replay
+        replay = [SIDEBAND_EVENT.validate_python(e).event for e in call.carrier.replayed()
                   if e["type"] == "transport.dtmf.received"]  # GPT-Live's own event, as the SDK types it
         await call.end()
         return early, run, hashed, replay
@@ -275,3 +278,69 @@ def test_stop_ends_the_call_at_once_and_a_start_for_another_call_is_refused():
     (stopped, freed), refused, refused_freed = asyncio.run(go())
     assert stopped[0] == 1000 and freed
     assert refused[0] == 1008 and "another call" in refused[1] and refused_freed
+
+
+class Band:
+    """A sideband's queue, as server/live/sideband.py's `Sideband` is to the carrier."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+        self.ended = False
+
+    def put(self, event: dict, droppable: bool) -> None:
+        self.events.append(event)
+
+    def end(self) -> None:
+        self.ended = True
+
+    def types(self) -> list[str]:
+        return [e["type"] for e in self.events]
+
+
+def test_a_call_the_realtime_call_control_accepted_runs_the_realtime_api_on_its_line():
+    """The accept's body configures a Realtime session; the caller's audio is its input, a response's audio goes
+    down the line (never as deltas), its events reach the call's sidebands as the SDK types them (the line
+    carries none); a key press is `input_audio_buffer.dtmf_event_received`; a sideband's bad event is
+    answered to it alone."""
+    accept = {"type": "realtime", "model": "gpt-realtime", "instructions": "You answer the phone.",
+              "audio": {"output": {"voice": "marin"}}}
+
+    async def go():
+        call = Call(realtime=accept, idle_timeout_s=600)
+        await call.say(CONNECTED, START)
+        watching, other = Band(), Band()
+        replayed = call.carrier.replayed()
+        call.carrier.sidebands.update((watching, other))
+        await call.say(*[media(0.02)] * 8)  # 160 ms of the caller's audio
+        call.tandem.emit(AssistantAudio(9, FRAME_PCM, True, 0.1),  # quiet: no response, the line goes on
+                         AssistantText(10, " Hello"), AssistantAudio(10, np.full(1920, 0.1, np.float32), True, 0.1))
+        await settle()
+        line = events(call.sent())
+        await call.say(dtmf("5"))
+        call.carrier.steer(json.dumps({"type": "session.update", "session": {"instructions": "Be brief."}}), watching)
+        call.carrier.steer(json.dumps({"type": "input_audio_buffer.commit", "event_id": "ev1"}), watching)
+        call.carrier.steer(json.dumps({"type": "transport.dtmf.send", "event": "x", "event_id": "ev2"}), watching)
+        await call.end()
+        return call, replayed, watching, other, line
+
+    call, replayed, watching, other, line = asyncio.run(go())
+    assert [e["type"] for e in replayed] == ["session.created", "session.updated"]
+    session = REALTIME_EVENT.validate_python(replayed[1]).session
+    assert session.instructions == "You answer the phone."
+    assert call.tandem.heard_samples == 8 * 480  # 20 ms each at 24 kHz, through the phone band
+    assert line == ["media", "mark 1", "media", "mark 2"]  # a quiet frame, then the response's
+    sent = [m for m in map(json.loads, call.link.sent) if m["event"] == "media"]
+    assert set(base64.b64decode(sent[0]["media"]["payload"])) == {0xFF}  # mu-law's silence
+    assert len(set(base64.b64decode(sent[1]["media"]["payload"]))) > 1  # the response's audio
+    assert "response.output_audio.delta" not in watching.types()  # the line carries the audio
+    assert {"response.created", "response.output_audio_transcript.delta"} <= set(watching.types())
+    typed = [REALTIME_EVENT.validate_python(e) for e in watching.events]
+    digits = [e for e in typed if e.type == "input_audio_buffer.dtmf_event_received"]
+    assert [d.event for d in digits] == ["5"] and digits[0].received_at > 1_700_000_000
+    updated = [e.session.instructions for e in typed if e.type == "session.updated"]
+    assert updated == ["Be brief."]
+    errors = [e.error for e in typed if e.type == "error"]
+    # with server VAD the server commits; a media stream's line cannot press keys (a SIP call's can)
+    assert [(e.event_id, e.code) for e in errors] == [("ev1", "invalid_request"), ("ev2", "unsupported")]
+    assert "error" not in other.types() and "session.updated" in other.types()
+    assert watching.ended and other.ended  # the call's end ends its sidebands

@@ -17,6 +17,7 @@ import numpy as np
 import openai
 import pytest
 import uvicorn
+import websockets
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -201,6 +202,63 @@ def test_the_openai_sdk_accepts_a_call_from_the_webhook_and_hangs_it_up(hooked, 
     assert not receiver.errors, receiver.errors
 
 
+def test_the_realtime_sideband_of_a_call_sees_its_digits_and_steers_it(hooked, question_wav, tmp_path):
+    """The Realtime call control's accept runs the Realtime API on the call; its sideband (the SDK's
+    realtime.connect(call_id=...)) gets the session as the accept configured it, the digits baresip presses as
+    input_audio_buffer.dtmf_event_received, the responses' events but not their audio (the call carries it),
+    and its session.update steers the call. GPT-Live's sideband does not attach to it."""
+    accepted: list[str] = []
+
+    def accept(event) -> None:
+        hooked.accept_realtime(event)
+        accepted.append(event.data.call_id)
+
+    async def watch(call_id: str, session_id: str, alice: Baresip) -> dict:
+        from .test_live import sdk
+        from .test_realtime import Events
+
+        client = sdk(hooked.url, TOKEN)
+        async with client.realtime.connect(call_id=call_id) as band:
+            side = Events(band)  # every event checked against the SDK's Realtime server event types
+            created = await side.type("session.created")
+            configured = await side.type("session.updated")
+            alice.command("sndcode", "5")
+            await asyncio.sleep(0.5)
+            alice.command("sndcode", "*")
+            await side.wait_for(lambda e: len(side.of("input_audio_buffer.dtmf_event_received")) >= 2, 15,
+                                "the caller's digits")
+            await band.session.update(session={"type": "realtime", "instructions": "Speak like a pirate."})
+            steered = await side.wait_for(lambda e: e["type"] == "session.updated" and e is not configured, 10,
+                                          "the sideband's session.updated")
+            await side.type("response.output_audio_transcript.delta", 30)  # the assistant answers the caller
+            side.close()
+        with pytest.raises(websockets.exceptions.InvalidStatus) as refused:  # GPT-Live's: no Live session by that id
+            async with client.live.sideband.connect(session_id=session_id) as live:
+                await live.recv()
+        assert refused.value.response.status_code == 404
+        await client.close()
+        return {"created": created, "configured": configured, "steered": steered,
+                "types": [e["type"] for e in side.got],
+                "digits": [e["event"] for e in side.of("input_audio_buffer.dtmf_event_received")]}
+
+    receiver = hooked.receiver.reset(accept)
+    with Baresip(tmp_path / "alice", question_wav) as alice:
+        alice.command("dial", hooked.target)
+        alice.wait_for("CALL_ESTABLISHED")
+        wait_until(lambda: accepted, "the application accepted")
+        session_id = receiver.of("live.transport.incoming").data.session_id
+        seen = asyncio.run(watch(accepted[0], session_id, alice))
+        hooked.sdk.realtime.calls.hangup(accepted[0])
+        alice.wait_for("CALL_CLOSED")
+        hooked.all_slots_back()
+    assert not receiver.errors, receiver.errors
+    assert seen["created"]["session"]["type"] == "realtime"
+    assert seen["configured"]["session"]["instructions"] == "You answer the phone for the tests."
+    assert seen["steered"]["session"]["instructions"] == "Speak like a pirate."
+    assert seen["digits"] == ["5", "*"]
+    assert "response.created" in seen["types"] and "response.output_audio.delta" not in seen["types"]
+
+
 def test_digits_both_ways_and_a_transfer_over_gpt_live_call_control(hooked, question_wav, tmp_path):
     """GPT-Live's accept runs the call; its sideband (the SDK's live.sideband.connect) sees the digits baresip
     presses (RFC 4733) as transport.dtmf.received, and its transport.dtmf.send presses one at baresip
@@ -217,6 +275,12 @@ def test_digits_both_ways_and_a_transfer_over_gpt_live_call_control(hooked, ques
         from .test_realtime import Events
 
         client = sdk(hooked.url, TOKEN)
+        call_id = receiver.of("realtime.call.incoming").data.call_id
+        for key, status in ((TOKEN, 404), ("not-the-token", 401)):  # no Realtime session on a Live call; no key
+            with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+                async with sdk(hooked.url, key).realtime.connect(call_id=call_id) as band:
+                    await band.recv()
+            assert refused.value.response.status_code == status
         async with client.live.sideband.connect(session_id=session_id) as band:
             side = Events(band, SIDEBAND_EVENT)
             alice.command("sndcode", "4")
@@ -250,13 +314,23 @@ def test_digits_both_ways_and_a_transfer_over_gpt_live_call_control(hooked, ques
 
 
 def test_reject_gives_the_caller_its_status(hooked, question_wav, tmp_path):
-    receiver = hooked.receiver.reset(lambda event: hooked.sdk.realtime.calls.reject(event.data.call_id,
-                                                                                    status_code=486))
+    """An accept whose session the Realtime API would refuse is refused (400, the field named) and the call
+    rings on; the application's reject then gives the caller its status."""
+    refusals: list[str] = []
+
+    def accept_badly_then_reject(event) -> None:
+        with pytest.raises(openai.BadRequestError) as refused:
+            hooked.sdk.realtime.calls.accept(event.data.call_id, type="realtime", instructions=["not", "text"])
+        refusals.append(str(refused.value))
+        hooked.sdk.realtime.calls.reject(event.data.call_id, status_code=486)
+
+    receiver = hooked.receiver.reset(accept_badly_then_reject)
     with Baresip(tmp_path / "alice", question_wav) as alice:
         alice.command("dial", hooked.target)
         closed = alice.wait_for("CALL_CLOSED")
         assert "486" in closed.get("param", ""), closed
     assert not receiver.errors, receiver.errors
+    assert len(refusals) == 1 and "instructions" in refusals[0], refusals
     assert free_slots(hooked.services) == SLOTS
 
 

@@ -1,5 +1,7 @@
 """The sideband: `/v1/live/sessions/{id}/attach`, a WebSocket through which a trusted server watches
-and steers a running Live session (a browser's, over WebRTC, whose token it never saw).
+and steers a running Live session (a browser's, over WebRTC, whose token it never saw). A SIP call that the
+Realtime call control accepted has the Realtime API's own (`/v1/realtime?call_id=`, `serve`): its events in
+the Realtime protocol, what a Realtime client may send.
 
 It gets a short replay of the session's recent events, then every event the client gets, plus the
 user's audio reflected (`session.input_audio.append`, PCM16 24 kHz) and the assistant's audio with
@@ -40,23 +42,36 @@ class Sideband:
         self.ended.set()
 
 
+def protocol(carrier) -> str | None:
+    """Which sideband a session's carrier takes: GPT-Live's ("live": a Live session over either link, or a call
+    running one), the Realtime API's ("realtime": a SIP call its call control accepted), or none."""
+    return "live" if isinstance(carrier, LiveCarrier) else getattr(carrier, "protocol", None)
+
+
 def find(sessions: set, session_id: str) -> SessionRunner | None:
     """The running Live session (over either link, or inside a phone call) with this id."""
-    return next((s for s in sessions if s.id == session_id
-                 and isinstance(getattr(s.carrier, "live", s.carrier), LiveCarrier)), None)
+    return next((s for s in sessions if s.id == session_id and protocol(s.carrier) == "live"), None)
 
 
 async def attach(ws: WebSocket, session_id: str, sessions: set, access: AccessControl, capacity: int) -> None:
-    """Serve one sideband connection until it or the session ends."""
+    """Serve one GPT-Live sideband connection until it or the session ends."""
+    await serve(ws, lambda: find(sessions, session_id), f"no live session {session_id!r}", access, capacity)
+
+
+async def serve(ws: WebSocket, lookup, missing: str, access: AccessControl, capacity: int) -> None:
+    """Serve one sideband connection to the session `lookup()` finds (404 `missing` when none), until it or
+    the session ends: GPT-Live's, or a SIP call's Realtime one (`/v1/realtime?call_id=`), whose carrier speaks
+    its own protocol (`replayed`, `sidebands`, `steer`)."""
     refusal = access.credentials(ws)  # a sideband watches a session; it opens none
     if refusal is None and not access.trusted(ws):  # a browser's client secret does not watch others
         refusal = Refusal(401, 1008, "a sideband needs the server's token, not a client secret")
-    live = find(sessions, session_id) if refusal is None else None
+    live = lookup() if refusal is None else None
     if refusal is not None or live is None:
-        status, reason = (refusal.status, refusal.reason) if refusal else (404, f"no live session {session_id!r}")
+        status, reason = (refusal.status, refusal.reason) if refusal else (404, missing)
         await _deny(ws, status, reason)
         return
-    await ws.accept()
+    session_id = live.id
+    await ws.accept(subprotocol=_subprotocol(ws))
     band = Sideband(capacity)
     for event in live.carrier.replayed():
         band.put(event, False)
@@ -77,6 +92,11 @@ async def attach(ws: WebSocket, session_id: str, sessions: set, access: AccessCo
         await _drain(ws, band)
         with contextlib.suppress(*CLOSED):
             await ws.close(1000, "the session ended" if band.ended.is_set() else "detached")
+
+
+def _subprotocol(ws: WebSocket) -> str | None:
+    """A browser's Realtime client offers the "realtime" subprotocol (its key as another: server/access.py)."""
+    return "realtime" if "realtime" in ws.scope.get("subprotocols", []) else None
 
 
 async def _read(ws: WebSocket, live: SessionRunner, band: Sideband) -> None:

@@ -1,6 +1,7 @@
-"""A phone call on the session runner: a carrier's media stream (`CarrierStream`: Twilio, Telnyx, Vonage)
-around a GPT-Live session. The call's audio is the Live session's media (as over WebRTC: `hear` in,
-`Play` out), its events go to sidebands and the recording only (a carrier reads none), and the call
+"""A phone call on the session runner: a carrier's media stream (`CarrierStream`: Twilio, Telnyx, Vonage, a SIP
+call's RTP) around a GPT-Live session (or a Realtime one: server/phone/sessions.py). The call's audio is the
+session's media (as over WebRTC: `hear` in, `play` out), its events go to sidebands and the recording only (a
+carrier reads none), and the call
 adds what a phone needs: the phone band both ways with the telephone echo canceller, the assistant's
 audio paced a small lead ahead of what the caller has heard (pacer.py), a `clear` and a truncated
 history when the caller talks over it, keypad digits, and the call's end.
@@ -14,8 +15,6 @@ import logging
 from collections.abc import Coroutine
 
 import numpy as np
-from openai.types.live import SessionConfig
-from pydantic import ValidationError
 
 from kame.audio import FRAME_S
 from kame.commands import AddUserText, TruncateAssistant
@@ -23,11 +22,10 @@ from kame.session import TandemSession
 from kame.session_events import AssistantText, SessionEvent, Transcript
 from server.deadline import DeadlineTimer
 from server.echo import CallEcho
-from server.live.adapter import LiveCarrier, live_facts
 from server.live.client_events import LiveError
-from server.live.mapping import LiveMapping
 from server.phone import audio as phone_audio
 from server.phone.pacer import Pacer
+from server.phone.sessions import LiveCall, RealtimeCall
 from server.phone.streams import (
     CallAudio,
     CallDigit,
@@ -66,16 +64,6 @@ class RealTimeBudget:
         return True
 
 
-class NothingToTheCaller:
-    """A Live session's events stay on the server: the caller's line carries audio only."""
-
-    def may_send(self, kind: object) -> bool:
-        return False
-
-    def may_get(self, event: dict) -> bool:
-        return False
-
-
 def _dtmf_send(text: str | None) -> tuple[str, str | None] | None:
     """(the key, its event_id) of a sideband's `transport.dtmf.send`; None for any other event."""
     if text is None or "transport.dtmf.send" not in text:
@@ -89,34 +77,17 @@ def _dtmf_send(text: str | None) -> tuple[str, str | None] | None:
     return event.get("event"), event.get("event_id") if isinstance(event.get("event_id"), str) else None
 
 
-def live_session(params: dict[str, str], default_profile: str) -> SessionConfig:
-    """The Live session a call asks for with its parameters (TwiML `<Parameter>`s, ...): `instructions`, `llm`
-    (a backend profile, or a model one serves; the server's default otherwise), `voice`; Responses delegation
-    (KAME's planner answers). LiveError naming the parameter at fault."""
-    session: dict = {"model": "gpt-live", "delegation": {
-        "type": "responses", "responses": {"model": params.get("llm") or default_profile}}}
-    if params.get("instructions"):
-        session["instructions"] = params["instructions"]
-    if params.get("voice"):
-        session["audio"] = {"output": {"voice": params["voice"]}}
-    try:
-        return SessionConfig.model_validate(session)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        raise LiveError("invalid_value", f"the call's parameters: {'.'.join(map(str, error['loc']))}: "
-                        f"{error['msg']}") from None
-
-
 class PhoneCarrier:
-    """One call: the carrier's stream, the Live session inside it, the pacer."""
+    """One call: the carrier's stream, the protocol session inside it (GPT-Live's; the Realtime API's for a SIP
+    call its call control accepted, `realtime` being the accept's session), the pacer."""
 
     def __init__(self, runner: SessionRunner, tandem: TandemSession, stream: CarrierStream, *, lead_frames: int = 2,
-                 keypad_to_llm: bool = True, expected_call: str | None = None) -> None:
-        self.runner, self.stream, self.clock = runner, stream, runner.clock
+                 keypad_to_llm: bool = True, expected_call: str | None = None, realtime: dict | None = None) -> None:
+        self.runner, self.stream, self.clock, self.tandem = runner, stream, runner.clock, tandem
         self.expected_call = expected_call  # the call the stream's token was issued for (None: any)
         self.keypad_to_llm = keypad_to_llm
-        mapping = LiveMapping(live_facts(runner, tandem, "phone", False))
-        self.live = LiveCarrier(runner, tandem, mapping, play=self.play, permissions=NothingToTheCaller())
+        self.session: LiveCall | RealtimeCall = (LiveCall(runner, tandem, self.play) if realtime is None
+                                                 else RealtimeCall(runner, tandem, self.play, realtime))
         self.pacer = Pacer(lead_frames, marks=stream.marks)
         self.echo = CallEcho(runner.settings.echo_options())
         self.call: CallStarted | None = None
@@ -166,38 +137,43 @@ class PhoneCarrier:
             self._said.append((event.frame, event.text))
         elif isinstance(event, Transcript) and not event.backchannel and event.text.strip():
             self._caller_spoke(event)
-        await self.live.on_event(event)
+        await self.session.on_event(event)
 
     def report(self, code: str, message: str) -> None:
-        self.live.report(code, message)
+        self.session.report(code, message)
 
     def tasks(self) -> list[Coroutine]:
-        return [*self.live.tasks(), self.timer.run()]
+        return [*self.session.tasks(), self.timer.run()]
 
     async def aclose(self) -> None:
-        await self.live.aclose()
+        await self.session.aclose()
         if self._refused > LOGGED_REFUSALS or self._dropped_s or self.pacer.dropped:
             logger.info("call %s ended: %d messages could not be read, %.1f s of the caller's audio came faster "
                         "than real time, %d frames of the assistant's waited too long to play",
                         self.runner.id, self._refused, self._dropped_s, self.pacer.dropped)
 
-    # sidebands (server/live/sideband.py) reach the Live session through these
+    # sidebands (server/live/sideband.py) reach the call's session through these
+    @property
+    def protocol(self) -> str:
+        """Which sideband attaches: GPT-Live's (by the session id) or the Realtime API's (by the call id)."""
+        return self.session.protocol
+
     @property
     def sidebands(self) -> set:
-        return self.live.sidebands
+        return self.session.sidebands
 
     def replayed(self) -> list[dict]:
-        return self.live.replayed()
+        return self.session.replayed()
 
     def steer(self, text: str | None, sideband) -> None:
         command = _dtmf_send(text)
         if command is None:
-            self.live.steer(text, sideband)
+            self.session.steer(text, sideband)
             return
         try:
             self._send_digit(*command)
         except LiveError as exc:
-            sideband.put(self.live.mapping.outbox.error_event(exc), False)
+            self.session.refuse(sideband, exc.code, str(exc), exc.param, exc.client_event_id)
 
     def _send_digit(self, digit: str, client_event_id: str | None) -> None:
         """A sideband's `transport.dtmf.send`: the key pressed on the caller's line (SIP only: a carrier's media
@@ -210,21 +186,13 @@ class PhoneCarrier:
             raise LiveError("invalid_value", "event: one of 0-9, A-D, * or #", "event", client_event_id)
         for message in send(digit.upper()):
             self.runner.send(message)
-        self.live.mapping.outbox.emit("transport.dtmf.sent", client_event_id=client_event_id, event=digit.upper())
-        self.live.carry_out()
+        self.session.digit_sent(digit.upper(), client_event_id)
 
     # ---------------------------------------------------------------- the call
 
     def _start(self, call: CallStarted) -> None:
         if self.expected_call is not None and call.call_id != self.expected_call:
             raise Finished(1008, "this stream's token was issued for another call")
-        mapping = self.live.mapping
-        default = mapping.facts.default_profile
-        try:
-            mapping.start(live_session(call.params, default), self.clock.now())
-        except LiveError as exc:  # a parameter this server cannot serve: the caller still gets an answer
-            logger.warning("call %s: %s; the call goes on with the server's defaults", call.call_id, exc)
-            mapping.start(live_session({}, default), self.clock.now())
         self.echo.formats("audio/pcmu", "audio/pcmu")  # a phone line, whatever its codec: a handset may echo us
         self._decode = self.echo.decoder(phone_audio.decoder(call.encoding, call.rate))
         self._encode = self.echo.encoder(phone_audio.encoder(call.encoding, call.rate))
@@ -232,9 +200,9 @@ class PhoneCarrier:
         self.keypad_to_llm = call.params.get("keypad", "llm" if self.keypad_to_llm else "off") != "off"
         self.call, self._start_due = call, None
         self._budget = RealTimeBudget(AUDIO_BURST_S, self.clock.now())
-        logger.info("%s call %s (stream %s): live session %s", self.stream.name, call.call_id, call.stream_id,
-                    self.runner.id)
-        self.live.carry_out()
+        logger.info("%s call %s (stream %s): %s session %s", self.stream.name, call.call_id, call.stream_id,
+                    self.session.protocol, self.runner.id)
+        self.session.start(call.call_id, call.params)
 
     def _audio(self, data: bytes) -> None:
         """The caller's audio, handed on a frame at a time (a carrier sends 20 ms at a time); what comes
@@ -250,7 +218,7 @@ class PhoneCarrier:
         whole = len(self._heard) - len(self._heard) % self._bytes_per_frame
         if whole:
             chunk, self._heard = bytes(self._heard[:whole]), self._heard[whole:]
-            self.live.hear(self._decode(chunk))
+            self.session.hear(self._decode(chunk))
 
     def play(self, pcm: np.ndarray, frame: int) -> None:
         """The assistant's next frame (the Live mapping's `Play`): encoded for the line and paced out."""
@@ -289,7 +257,7 @@ class PhoneCarrier:
             heard = "".join(text for frame, text in self._said
                             if heard_frame is not None and frame <= heard_frame).strip()
             if said != heard:
-                self.live.tandem.apply(TruncateAssistant(said, heard))
+                self.tandem.apply(TruncateAssistant(said, heard))
             self._said.clear()
         if event.final:
             self._said.clear()
@@ -297,11 +265,11 @@ class PhoneCarrier:
     # ---------------------------------------------------------------- keypad
 
     def _digit(self, digit: str) -> None:
-        """A key the caller pressed: GPT-Live's `transport.dtmf.received` (for sidebands and the recording: the
-        caller's line carries no events), and with the digits around it, the caller's words to the LLM ("The
-        caller pressed 1 2 3 on the keypad.")."""
-        self.live.mapping.outbox.emit("transport.dtmf.received", event=digit)
-        self.live.carry_out()
+        """A key the caller pressed: GPT-Live's `transport.dtmf.received` or Realtime's
+        `input_audio_buffer.dtmf_event_received` (for sidebands and the recording: the caller's line carries no
+        events), and with the digits around it, the caller's words to the LLM ("The caller pressed 1 2 3 on the
+        keypad.")."""
+        self.session.digit_received(digit)
         if not self.keypad_to_llm:
             return
         self._digits.append(digit)
@@ -313,7 +281,7 @@ class PhoneCarrier:
     def _keyed(self) -> None:
         digits, self._digits, self._digits_due = self._digits, [], None
         if digits:
-            self.live.tandem.apply(AddUserText(f"The caller pressed {' '.join(digits)} on the keypad."))
+            self.tandem.apply(AddUserText(f"The caller pressed {' '.join(digits)} on the keypad."))
 
     # ---------------------------------------------------------------- time
 

@@ -9,6 +9,7 @@ output resolves). A `DeadlineTimer` sleeps until the mapping's next deadline.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 from collections.abc import Coroutine
@@ -21,11 +22,14 @@ from kame.tools.base import ToolError, ToolLimits, ToolSpec
 from kame.tools.client_tool import ClientTool
 from server.deadline import DeadlineTimer
 from server.realtime import actions as act
+from server.realtime.client_events import RealtimeError
 from server.realtime.config import SessionFacts
 from server.realtime.mapping import RealtimeMapping
 from server.runner import Ended, Message, SessionRunner
 
 logger = logging.getLogger(__name__)
+
+REPLAY_EVENTS = 64  # a call's recent server events a sideband gets when it attaches
 
 
 def subprotocol(offered: list[str]) -> str | None:
@@ -47,54 +51,86 @@ def realtime_facts(runner: SessionRunner, tandem: TandemSession) -> SessionFacts
 
 
 class RealtimeCarrier:
-    def __init__(self, runner: SessionRunner, tandem: TandemSession, model: str, beta: bool) -> None:
+    """`/v1/realtime`'s session; with `to_client=False`, a SIP call's (server/phone/sessions.py): its events go to
+    the call's sidebands (`/v1/realtime?call_id=`) and the recording, the caller's line carries audio only."""
+
+    def __init__(self, runner: SessionRunner, tandem: TandemSession, model: str, beta: bool, *,
+                 to_client: bool = True) -> None:
         self.runner, self.tandem, self.clock = runner, tandem, runner.clock
         self.mapping = RealtimeMapping(realtime_facts(runner, tandem), model, beta, self.clock.now())
+        self.to_client = to_client
+        self.sidebands: set = set()  # server/live/sideband.py's Sidebands watching a call's session
+        self.replay: collections.deque[dict] = collections.deque(maxlen=REPLAY_EVENTS)  # for one attaching
+        self._snapshot: dict | None = None  # the call's latest session.created or .updated
         self._calls: dict[str, asyncio.Future[str]] = {}  # function calls waiting for the client's output
         self._timer = DeadlineTimer(self.clock, self.mapping.wake_at, self._on_time, f"session {runner.id}")
 
     async def greet(self) -> None:
         self.mapping.greet()
-        self._carry_out()
+        self.carry_out()
 
     async def on_message(self, message: Message) -> None:
         try:
             self.mapping.on_client(message if isinstance(message, str) else None, self.clock.now())
         finally:
-            self._carry_out()
+            self.carry_out()
 
     def refuse(self, exc: Exception) -> None:
         self.mapping.refuse(exc)
-        self._carry_out()
+        self.carry_out()
 
     def report(self, code: str, message: str) -> None:
         self.mapping.outbox.error(code, message)
-        self._carry_out()
+        self.carry_out()
 
     async def on_event(self, event: SessionEvent) -> None:
         self.mapping.on_session(event, self.clock.now())
-        self._carry_out()
+        self.carry_out()
 
     def tasks(self) -> list[Coroutine]:
         return [self._timer.run()]
 
     async def aclose(self) -> None:
-        pass
+        for sideband in list(self.sidebands):
+            sideband.end()
+
+    # ---------------------------------------------------------------- a call's sidebands
+
+    def replayed(self) -> list[dict]:
+        """What a sideband gets on attaching: the session's latest configuration (session.created or .updated)
+        even when it is older than the recent events, then those."""
+        recent = list(self.replay)
+        return recent if self._snapshot is None or self._snapshot in recent else [self._snapshot, *recent]
+
+    def steer(self, text: str | None, sideband) -> None:
+        """A sideband's event: it acts on the session as a client's would; an error goes to it alone."""
+        try:
+            self.mapping.on_client(text, self.clock.now())
+        except RealtimeError as exc:
+            self.carry_out()  # what the event did before it failed is everyone's
+            self.mapping.refuse(exc)
+            for action in self.mapping.take():
+                if isinstance(action, act.Send):
+                    sideband.put(action.event, False)
+            return
+        self.carry_out()
 
     def _on_time(self, now: float) -> None:
         self.mapping.on_time(now)
-        self._carry_out()
+        self.carry_out()
 
     # ---------------------------------------------------------------- carrying out
 
-    def _carry_out(self) -> None:
+    def carry_out(self) -> None:
         tandem = self.tandem
         for action in self.mapping.take():
             match action:
                 case act.Send(event=event, droppable=droppable):
                     if not droppable:
                         self.runner.record({"realtime": event})
-                    self.runner.send(json.dumps(event), droppable)
+                    if self.to_client:
+                        self.runner.send(json.dumps(event), droppable)
+                    self._reflect(event, droppable)
                 case command if isinstance(command, SESSION_COMMANDS):
                     tandem.apply(command)
                 case act.Flush(token=token):
@@ -109,6 +145,16 @@ class RealtimeCarrier:
                     raise Ended(reason)
         self._timer.nearer()
 
+    def _reflect(self, event: dict, droppable: bool) -> None:
+        if self.to_client:
+            return  # a socket's own session: no sideband attaches to it
+        if not droppable:
+            self.replay.append(event)
+            if event["type"] in ("session.created", "session.updated"):
+                self._snapshot = event
+        for sideband in self.sidebands:
+            sideband.put(event, droppable)
+
     def _set_tools(self, tandem: TandemSession, specs: tuple[ToolSpec, ...], timeout_s: float) -> None:
         tools = [ClientTool(spec, ToolLimits(timeout_s, 8000), self._send_call) for spec in specs]
         tandem.set_client_tools(tools)
@@ -119,7 +165,7 @@ class RealtimeCarrier:
     async def _flush(self, token: str) -> None:
         await self.tandem.flush()
         self.mapping.on_flushed(token, self.clock.now())
-        self._carry_out()
+        self.carry_out()
 
     # ---------------------------------------------------------------- client functions
 
@@ -130,7 +176,7 @@ class RealtimeCarrier:
         """The backend LLM calls the client's function `name`: send the call, wait for the client's
         function_call_output at most `tool_timeout_s` (then a ToolError, which the LLM reads)."""
         call_id = self.mapping.function_call(name, arguments, self.clock.now())
-        self._carry_out()
+        self.carry_out()
         waiting = self._calls[call_id] = asyncio.get_running_loop().create_future()
         answered = False
         timeout_s = self.runner.settings.realtime.tool_timeout_s

@@ -14,8 +14,10 @@ import binascii
 import collections
 import json
 import logging
+import time
 
 import numpy as np
+from pydantic import ValidationError
 
 from kame.audio import FRAME_S, FRAME_SIZE, SAMPLE_RATE
 from kame.commands import AddUserText, PushAudio, TruncateAssistant
@@ -165,6 +167,20 @@ class RealtimeMapping:
             case ce.Refused():
                 raise RealtimeError("unsupported_event", f"{event.type} is not supported: {event.why}", "type")
 
+    def configure(self, session: dict, now: float) -> None:
+        """A session configuration given outside the socket (a SIP call's accept: the body of
+        `POST /v1/realtime/calls/{call_id}/accept`), applied as a session.update would be;
+        RealtimeError naming the field at fault."""
+        try:
+            config = ce.SessionConfigIn.model_validate(session)
+        except ValidationError as exc:
+            raise ce.invalid(exc, prefix=("session",)) from None
+        self._session_update(config, now)
+
+    def digit(self, key: str) -> None:
+        """A key the caller pressed on a SIP call (RFC 4733 or SIP INFO)."""
+        self.outbox.emit("input_audio_buffer.dtmf_event_received", event=key, received_at=int(time.time()))
+
     def _session_update(self, session: ce.SessionConfigIn, now: float) -> None:
         old = self.config
         self.config, calls = old.updated(session, self.facts)
@@ -191,10 +207,14 @@ class RealtimeMapping:
             raise RealtimeError("invalid_base64", "'audio' is not valid base64", "audio") from exc
         if self.config.input_format.type == "audio/pcm" and len(data) % 2:
             raise RealtimeError("invalid_audio", "audio/pcm is 16-bit: an even number of bytes", "audio")
-        pcm = self._decode(data)
+        self.hear(self._decode(data))
+        self._appended = self._appended or len(data) > 0  # the echo canceller may hold back < 10 ms
+
+    def hear(self, pcm: np.ndarray) -> None:
+        """The user's audio, decoded (float32, 24 kHz): from `input_audio_buffer.append`, or a call's media."""
         self.outbox.call(PushAudio(pcm))
         self._pushed_s += len(pcm) / SAMPLE_RATE
-        self._appended = self._appended or len(data) > 0  # the echo canceller may hold back < 10 ms
+        self._appended = self._appended or len(pcm) > 0
 
     def _commit(self) -> None:
         user = self.user

@@ -67,16 +67,21 @@ class Speech:
         self.kept: Burst | None = None  # a burst nobody asked for, kept for a response.create
         self.last_active = 0.0  # when the current burst last spoke
         self.encode = config().output_format.encoder()  # float32 -> the output format's bytes (a resampler's state)
+        # where a media path carries the audio (a SIP call): the response's frames go there, not as deltas
+        self.play: Callable[[np.ndarray, int], None] | None = None
 
     # ---------------------------------------------------------------- the front-end's output
 
     def audio(self, frame: int, pcm: np.ndarray, ready: bool, now: float, extra: dict) -> None:
         if self.config().activity == "text+audio" and ready and float(np.sqrt(np.mean(pcm ** 2))) >= self._energy:
             self._speaks(frame, now)
+        played = False
         if self.response is not None and self.response.started:
-            self._send_audio(self.response, pcm, extra)
+            played = self._send_audio(self.response, frame, pcm, extra)
         elif self.muted and self.kept is not None and self.kept.ended_at is None:
             self.kept.frames.append((frame, pcm))
+        if self.play is not None and not played:  # a call's line goes on, quiet, between responses
+            self.play(np.zeros_like(pcm), frame)
         self.check_quiet(now)
 
     def text(self, frame: int, text: str, now: float) -> None:
@@ -147,7 +152,7 @@ class Speech:
             while piece is not None and piece[0] <= frame:
                 self._send_text(response, *piece)
                 piece = next(pieces, None)
-            self._send_audio(response, pcm, {"kame_frame": frame} if self.config().events else {})
+            self._send_audio(response, frame, pcm, {"kame_frame": frame} if self.config().events else {}, late=True)
         for rest in ([piece] if piece else []) + list(pieces):
             self._send_text(response, *rest)
         if kept.ended_at is None:
@@ -216,12 +221,20 @@ class Speech:
         self.outbox.emit("response.content_part.added", response_id=response.id, item_id=response.item_id,
                          output_index=0, content_index=0, part=_part(response))
 
-    def _send_audio(self, response: Response, pcm: np.ndarray, extra: dict) -> None:
-        if "audio" in response.modalities:
-            self.outbox.emit("response.output_audio.delta", droppable=True, response_id=response.id,
-                             item_id=response.item_id, output_index=0, content_index=0,
-                             delta=base64.b64encode(self.encode(pcm)).decode(), **extra)
+    def _send_audio(self, response: Response, frame: int, pcm: np.ndarray, extra: dict, late: bool = False) -> bool:
+        """The response's frame to the client (True: played on a call's line). A call plays only the present:
+        a kept burst's frames (`late`) were its silence when they were made."""
         response.audio_ms += FRAME_S * 1000
+        if "audio" not in response.modalities:
+            return False
+        if self.play is not None:
+            if not late:
+                self.play(pcm, frame)
+            return not late
+        self.outbox.emit("response.output_audio.delta", droppable=True, response_id=response.id,
+                         item_id=response.item_id, output_index=0, content_index=0,
+                         delta=base64.b64encode(self.encode(pcm)).decode(), **extra)
+        return False
 
     def _send_text(self, response: Response, frame: int, text: str) -> None:
         offset = (frame - (response.first_frame if response.first_frame is not None else frame)) * FRAME_S * 1000

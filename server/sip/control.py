@@ -9,9 +9,13 @@ from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
 
 from server.access import AccessControl
 from server.http_errors import error_response
+from server.live.sideband import protocol
+from server.realtime.client_events import SessionConfigIn, invalid
+from server.runner import SessionRunner
 from server.sip.door import ControlError, SipDoor, session_params
 
 MAX_BODY_BYTES = 256 * 1024  # a session's configuration (instructions, tools) is a few KB
@@ -79,11 +83,24 @@ async def sip_transport_create(request: Request, door: SipDoor | None, access: A
                                        "call_id": call.realtime_id}})
 
 
+def realtime_call(door: SipDoor | None, call_id: str) -> SessionRunner | None:
+    """The session of the answered SIP call `call_id` that the Realtime call control accepted: its sideband's."""
+    call = door.calls.get(call_id) if door is not None else None
+    if call is None or call.runner is None or call.sip.state == "ended":
+        return None
+    return call.runner if protocol(call.runner.carrier) == "realtime" else None
+
+
 async def _act(sip: SipDoor, kind: str, action: str, call_id: str, body: dict) -> None:
     if action == "accept":
         if kind == "realtime" and body.get("type") not in ("realtime", None):
             raise ControlError(400, "invalid_value", "a Realtime call is accepted with a session of type 'realtime'")
-        await sip.accept(call_id, kind, session_params(kind, body))
+        if kind == "realtime":
+            try:  # the session runs it as a session.update: a field it cannot take is refused before the answer
+                SessionConfigIn.model_validate(body)
+            except ValidationError as exc:
+                raise ControlError(400, "invalid_value", str(invalid(exc))) from None
+        await sip.accept(call_id, kind, session_params(kind, body), body if kind == "realtime" else None)
     elif action == "reject":
         status = body.get("status_code", 603 if kind == "realtime" else None)
         if not isinstance(status, int):

@@ -183,7 +183,9 @@ class SipDoor:
             raise ControlError(404, "call_not_found", f"no call {call_id!r}")
         return call
 
-    async def accept(self, call_id: str, kind: str, params: dict[str, str]) -> None:
+    async def accept(self, call_id: str, kind: str, params: dict[str, str], realtime: dict | None = None) -> None:
+        """Answer the ringing call: GPT-Live's session with `params`, or (`realtime`: the accept's body) the
+        Realtime API's session so configured."""
         call = self.find(call_id)
         if call.accepted_by is not None:
             raise ControlError(409, "call_already_accepted",
@@ -192,7 +194,7 @@ class SipDoor:
             raise ControlError(409, "call_ended", f"the call is over ({call.sip.end_reason})")
         if self.state.draining:
             raise ControlError(503, "server_busy", "the server is shutting down")
-        await self._accept(call, kind, params)
+        await self._accept(call, kind, params, realtime)
 
     def reject(self, call_id: str, status: int) -> None:
         call = self.find(call_id)
@@ -220,7 +222,7 @@ class SipDoor:
 
     # ---------------------------------------------------------------- answering
 
-    async def _accept(self, call: Call, kind: str, params: dict[str, str]) -> None:
+    async def _accept(self, call: Call, kind: str, params: dict[str, str], realtime: dict | None = None) -> None:
         call.accepted_by = kind
         if call.ring_timer is not None:
             call.ring_timer.cancel()
@@ -252,7 +254,7 @@ class SipDoor:
         audio = call.offer.audio()
         assert audio is not None
         try:
-            self._run_call(call, rtp, link, runner, tandem, (audio.address, audio.port), codec, dtmf, params)
+            self._run_call(call, rtp, link, runner, tandem, (audio.address, audio.port), codec, dtmf, params, realtime)
         except BaseException:
             await _discard(rtp, runner, tandem)
             self._spawn(call, call.sip.hangup("the call could not start"), "hangup")
@@ -277,11 +279,13 @@ class SipDoor:
         return rtp, link, runner, tandem
 
     def _run_call(self, call: Call, rtp: RtpSession, link: RtpLink, runner: SessionRunner, tandem,
-                  remote: tuple[str, int], codec: sdp.Codec, dtmf: sdp.Codec | None, params: dict[str, str]) -> None:
-        """Media both ways and the phone path's session on the call, as a task among the server's sessions."""
+                  remote: tuple[str, int], codec: sdp.Codec, dtmf: sdp.Codec | None, params: dict[str, str],
+                  realtime: dict | None = None) -> None:
+        """Media both ways and the phone path's session on the call (GPT-Live's, or `realtime`'s), as a task
+        among the server's sessions."""
         phone = self.settings.phone
         carrier = PhoneCarrier(runner, tandem, SipStream(), lead_frames=phone.lead_frames,
-                               keypad_to_llm=phone.keypad_to_llm)
+                               keypad_to_llm=phone.keypad_to_llm, realtime=realtime)
         call.runner, call.link, call.rtp, call.codec = runner, link, rtp, codec.name
         # only the SDP's address or the signalling peer's may become the RTP peer (not a stranger's spray)
         sources = {remote[0], call.sip.flow.address[0]}
