@@ -67,8 +67,10 @@ class BatchedEngine:
     ) -> None:
         if batch_size < 1:
             raise EngineError("batch_size must be at least 1")
-        if frontend.oracle_emb is None:
-            raise EngineError(f"{frontend.source} was loaded without an oracle embedding (as an ASR model)")
+        if frontend.lm.dep_q == 0:
+            raise EngineError(f"{frontend.source} generates no speech (a speech-to-text model)")
+        # None: a checkpoint that takes no oracle (PersonaPlex's): it runs as its reference, nothing added
+        self.oracle_emb = frontend.oracle_emb
         self.frontend, self.batch_size = frontend, batch_size
         self.gen = gen or GenerationConfig.from_dict(frontend.lm_gen_config)
         self.device = frontend.device
@@ -264,10 +266,14 @@ class BatchedEngine:
             self._frames[slot] += 1
         return tokens
 
-    def oracle_condition(self, oracle: list[int]) -> torch.Tensor:
-        """The per-row sum added to the LM input: oracle embedding (+ the model's own condition)."""
+    def oracle_condition(self, oracle: list[int]) -> torch.Tensor | None:
+        """The per-row sum added to the LM input: oracle embedding (+ the model's own condition); for a
+        front-end without an oracle, the model's own condition only (None: nothing)."""
+        if self.oracle_emb is None:
+            base = self._base_condition
+            return None if base is None else base[: len(oracle) * (2 if self.gen.cfg_coef != 1.0 else 1)]
         ids = torch.tensor(oracle, dtype=torch.long, device=self.device)
-        condition = self.frontend.oracle_emb(ids)[:, None, :]  # [n, 1, dim]
+        condition = self.oracle_emb(ids)[:, None, :]  # [n, 1, dim]
         if self.gen.cfg_coef != 1.0:
             condition = condition.repeat(2, 1, 1)
         if self._base_condition is not None:

@@ -10,6 +10,7 @@ of `text_emb` for a plain Moshi), moshi's Mimi and the SentencePiece tokenizer.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -57,6 +58,7 @@ class Frontend:
     stt_config: dict = field(default_factory=dict)  # Kyutai STT checkpoints: audio prefix and delay
     quantize: str | None = None  # "int8": the LM's linear layers hold int8 weights (bitsandbytes)
     model_type: str = "moshi"  # config.json's model_type (moshi, stt, hibiki, ...)
+    family: str = ""  # which Moshi-family model it is, what KAME runs of it, its weights' licence (`family`)
 
     @property
     def device(self) -> torch.device:
@@ -137,8 +139,9 @@ def load_frontend(
         raise FrontendLoadError(
             f"{source} is a speech-to-text model (model_type {frontend.model_type!r}, no depformer): it generates "
             f"no speech, so it cannot be the front-end; use it as the ASR: --asr kyutai-stt --asr-model {source}")
-    logger.info("%s %s ready on %s (%s%s)", "front-end" if role == "frontend" else "model", source, dev,
-                str(dtype).removeprefix("torch."), ", int8 linear layers" if quantize else "")
+    logger.info("%s %s ready on %s (%s%s)%s", "front-end" if role == "frontend" else "model", source, dev,
+                str(dtype).removeprefix("torch."), ", int8 linear layers" if quantize else "",
+                f": {frontend.family}" if frontend.family and role == "frontend" else "")
     return frontend
 
 
@@ -220,9 +223,11 @@ def _checked(info: CheckpointInfo, dtype: torch.dtype) -> _Checked:
     """What loading checks first, and `inspect_source` alone: every key and shape (after moshi's
     renames), the oracle table, the tokenizer against the LM's text vocabulary."""
     path = _weights_path(info)
-    kwargs, lora = split_lora(info)
-    lm = _new_lm(kwargs, "meta", dtype, str(path))
     header = weights.read_header(path)
+    kwargs, lora = split_lora(info)
+    if not info.lm_config:  # no config.json, or an empty one (PersonaPlex's): the 7B's, its depformer counted
+        kwargs = preset_from_weights(header, path)
+    lm = _new_lm(kwargs, "meta", dtype, str(path))
     oracle = header.pop(ORACLE_KEY, None)
     weights.check_against(lm, header, path)
     if oracle is not None:
@@ -230,6 +235,45 @@ def _checked(info: CheckpointInfo, dtype: torch.dtype) -> _Checked:
     tokenizer = _load_tokenizer(Path(info.tokenizer))
     _check_tokenizer(tokenizer, lm, info.tokenizer)
     return _Checked(path, kwargs, lora, lm, header, oracle, tokenizer)
+
+
+def preset_from_weights(header: dict[str, weights.TensorEntry], path: Path) -> dict:
+    """The LMModel kwargs of a checkpoint whose config.json is missing or empty: Moshi 7B's, as moshi assumes,
+    with as many depformer steps as the weights hold (PersonaPlex's 16: the user's 8 codebooks too)."""
+    kwargs = dict(loaders._lm_kwargs)
+    steps = sum(1 for key in header if re.fullmatch(r"depformer_in\.\d+\.weight", key))
+    if steps and steps != kwargs["dep_q"]:
+        logger.info("%s: no LM config; the weights hold %d depformer steps: Moshi 7B's hyperparameters with "
+                    "dep_q %d (%s)", path, steps, steps, "PersonaPlex's layout" if steps == 16 else "as found")
+        kwargs["dep_q"] = steps
+    return kwargs
+
+
+def family(lm_config: dict, has_oracle: bool, model_type: str = "moshi", preset: bool = False) -> str:
+    """The Moshi-family model a checkpoint is, what KAME runs of it, and the licence of its published weights
+    (docs/frontends.md): for `kame doctor` and the server's start-up log."""
+    if preset:
+        return "a preset (random weights): oracle " + ("trained" if has_oracle else "from text_emb")
+    if model_type != "moshi":
+        return f"model type {model_type!r}"
+    if int(lm_config.get("dep_q", 8)) == int(lm_config.get("n_q", 16)) == 16:
+        oracle = "KAME's oracle" if has_oracle else "no oracle (runs as its reference)"
+        return (f"PersonaPlex layout (the depformer predicts the user's 8 codebooks too; KAME steps the "
+                f"assistant's): {oracle}; nvidia/personaplex-7b-v1: NVIDIA Open Model License, gated; "
+                "kyutai/personaplex-rl-seamless: CC BY-NC 4.0, gated (non-commercial)")
+    if has_oracle:
+        return "KAME (a Moshi with an oracle embedding)"
+    return "Moshi (no oracle embedding: initialised from text_emb)"
+
+
+def assistant_layout(lm: LMModel, model_type: str = "moshi") -> None:
+    """A depformer that predicts the user's codebooks after the assistant's (PersonaPlex: dep_q 16 of n_q 16) is
+    stepped for the assistant's only: the user's stream comes from the user. moshi's LMGen takes as input the
+    codebooks past `dep_q`; on dep_q 16 it would take none and drop the user's audio. The depformer's steps are
+    sequential, so the assistant's tokens are the same as when all 16 are stepped (greedy)."""
+    if model_type == "moshi" and lm.dep_q == lm.n_q and lm.n_q % 2 == 0 and lm.n_q >= 2:
+        lm.predicted_q = lm.dep_q  # what the weights predict, for doctor
+        lm.dep_q = lm.n_q // 2
 
 
 def _load_checkpoint(info: CheckpointInfo, device: torch.device, dtype: torch.dtype, role: Role) -> Frontend:
@@ -248,10 +292,17 @@ def _load_checkpoint(info: CheckpointInfo, device: torch.device, dtype: torch.dt
         lm = _merge_lora(lm, info, checked.lora, device, dtype)
     if info.model_type == "hibiki":  # as moshi's CheckpointInfo.get_moshi: an early EOS reads as padding
         lm.text_emb.weight.data[2] = lm.text_emb.weight.data[3]
+    assistant_layout(lm, info.model_type)
     lm.eval()
-    oracle = _oracle_embedding(lm, oracle_weight, checked.path, device, dtype) if role == "frontend" else None
-    return Frontend(lm, oracle, _mimi(info, device), checked.tokenizer, dict(info.lm_gen_config),
-                    stt_config=dict(info.stt_config), model_type=info.model_type)
+    oracle = None
+    if role == "frontend" and (oracle_weight is not None or not getattr(lm, "predicted_q", None)):
+        oracle = _oracle_embedding(lm, oracle_weight, checked.path, device, dtype)
+    elif role == "frontend":
+        logger.info("%s has no %s: a PersonaPlex-layout checkpoint runs as its reference does, with no oracle "
+                    "added to its input", checked.path, ORACLE_KEY)
+    kind = family(checked.kwargs, oracle_weight is not None, info.model_type)
+    return Frontend(lm, oracle, _mimi(info, device, lm), checked.tokenizer, dict(info.lm_gen_config),
+                    stt_config=dict(info.stt_config), model_type=info.model_type, family=kind)
 
 
 def _merge_lora(lm: LMModel, info: CheckpointInfo, lora: dict, device: torch.device, dtype: torch.dtype) -> LMModel:
@@ -265,8 +316,11 @@ def _merge_lora(lm: LMModel, info: CheckpointInfo, lora: dict, device: torch.dev
         raise FrontendLoadError(f"cannot apply the LoRA weights {info.lora_weights}: {exc}") from exc
 
 
-def _mimi(info: CheckpointInfo, device: torch.device) -> MimiModel:
+def _mimi(info: CheckpointInfo, device: torch.device, lm: LMModel | None = None) -> MimiModel:
     try:
+        if lm is not None and getattr(lm, "predicted_q", None):  # PersonaPlex: Mimi's codes are one side's 8
+            return loaders.get_mimi(info.mimi_weights, info.mimi_config, device=device,
+                                    num_codebooks=max(lm.dep_q, lm.n_q - lm.dep_q))
         return info.get_mimi(device=device)  # moshi's: its codebook count from the LM config (and TTS multistream)
     except (RuntimeError, KeyError, TypeError, SafetensorError, OSError) as exc:
         raise FrontendLoadError(

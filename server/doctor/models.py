@@ -81,8 +81,14 @@ def frontend_check(settings: ServerSettings, cuda: bool, hub: Hub) -> tuple[Chec
     if report.lm_config.get("quantize") and not cuda:
         return Check("FAIL", "front-end", f"{source} holds int8 weights (config.json: quantize true): they run "
                      "on a CUDA GPU with bitsandbytes only"), probe
+    from kame.frontend.loader import family
+
+    kind = family(report.lm_config, report.has_oracle, report.info.model_type if report.info else "moshi",
+                  report.info is None)
     oracle = "oracle_emb present" if report.has_oracle else "no oracle_emb: initialised from text_emb"
-    return Check("ok", "front-end", f"{source} ({why}): {describe(report)}, {oracle}"), probe
+    if "PersonaPlex" in kind:
+        oracle = "no oracle_emb: no oracle" if not report.has_oracle else oracle
+    return Check("ok", "front-end", f"{source} ({why}): {describe(report)}, {oracle}; {kind}"), probe
 
 
 def asr_checks(settings: ServerSettings, cuda: bool, hub: Hub) -> tuple[list[Check], Probe | None]:

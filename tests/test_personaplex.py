@@ -1,0 +1,120 @@
+"""PersonaPlex's layout (NVIDIA/personaplex: a Moshi whose depformer predicts the user's 8 codebooks after the
+assistant's, dep_q 16) through KAME's loader and batched engine, against what NVIDIA's own code produced.
+
+The fixture (tests/fixtures/personaplex-tiny, made by scripts/make_personaplex_fixture.py with personaplex's
+LMModel and LMGen, random weights) holds the weights in personaplex's own key layout (fused attention keys) and
+the reference's greedy frames for a conversation: KAME steps the assistant's 8 codebooks only, takes the user's
+from the input (moshi 0.2.13's LMGen on dep_q 16 would take none) and adds nothing of an oracle (the checkpoint
+has none): its tokens equal the reference's, frame for frame, one call earlier (personaplex's LMGen returns each
+frame a call later than moshi's), with another session stepping beside it in the batch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from moshi.models import loaders
+from safetensors.torch import save_file
+
+from kame.frontend import weights
+from kame.frontend.engine import BatchedEngine
+from kame.frontend.loader import load_frontend
+from kame.frontend.presets import TINY_COPY_DIR
+from kame.frontend.sampling import GenerationConfig
+
+FIXTURE = Path(__file__).parent / "fixtures" / "personaplex-tiny"
+REFERENCE = json.loads((FIXTURE / "reference.json").read_text())
+
+
+def checkpoint(root: Path, config: dict) -> Path:
+    """A folder as a hub repo lays it out: the fixture's LM, a random Mimi of 8 codebooks of the LM's card (the
+    test feeds codes, Mimi only has to load), the tiny tokenizer, config.json with the tiny LM's `config`."""
+    root.mkdir()
+    shutil.copy(FIXTURE / "model.safetensors", root / "model.safetensors")
+    mimi_config = json.loads((TINY_COPY_DIR / "mimi_config.json").read_text())
+    mimi_config["quantizer"]["bins"] = REFERENCE["lm_kwargs"]["card"]
+    (root / "mimi_config.json").write_text(json.dumps(mimi_config))
+    torch.manual_seed(0)
+    mimi = loaders.get_mimi(None, mimi_config, num_codebooks=8)
+    save_file(mimi.state_dict(), root / "mimi.safetensors")
+    shutil.copy(TINY_COPY_DIR / "tokenizer.model", root / "tokenizer.model")
+    config = config | {"moshi_name": "model.safetensors", "mimi_name": "mimi.safetensors",
+                       "tokenizer_name": "tokenizer.model", "mimi_config_name": "mimi_config.json"}
+    (root / "config.json").write_text(json.dumps(config))
+    return root
+
+
+def run(frontend, user: list[list[int]], beside: list[list[int]] | None = None) -> list[list[int]]:
+    """Our engine's frames (text token and the assistant's 8 codebooks) for the user's codes, greedy; `beside`:
+    another session's codes in the same batch."""
+    engine = BatchedEngine(frontend, batch_size=2, gen=GenerationConfig(use_sampling=False))
+    first = engine.acquire()
+    second = engine.acquire() if beside is not None else None
+    frames: list[list[int]] = []
+    codes: dict[int, list[int]] = {}
+
+    def encode(pcm, mask):
+        batch = torch.zeros(pcm.shape[0], 8, 1, dtype=torch.long)
+        for slot, values in codes.items():
+            batch[engine._rows.row(slot), :, 0] = torch.tensor(values)
+        return batch
+
+    def decode(tokens, ready):
+        frames.append(tokens[engine._rows.row(first), :, 0].tolist())
+        return torch.zeros(tokens.shape[0], 1920)
+
+    engine._encode, engine._decode = encode, decode
+    try:
+        for t, values in enumerate(user):
+            codes = {first: values} | ({second: beside[t]} if second is not None else {})
+            frames_before = len(frames)
+            engine.step({slot: np.zeros(1920, np.float32) for slot in codes})
+            if len(frames) == frames_before:  # no row's audio ready yet: the frame's tokens are not decoded
+                frames.append(None)
+    finally:
+        engine.close()
+    return frames
+
+
+@pytest.fixture(scope="module")
+def frontend(tmp_path_factory):
+    return load_frontend(str(checkpoint(tmp_path_factory.mktemp("pp") / "repo", REFERENCE["lm_kwargs"])),
+                         device="cpu", dtype=torch.float32)
+
+
+def test_the_fixture_is_in_personaplex_s_own_layout():
+    header = weights.read_header(FIXTURE / "model.safetensors")
+    assert "transformer.layers.0.self_attn.in_proj_weight" in header  # fused, as NVIDIA's checkpoint stores it
+    assert "depformer_in.15.weight" in header and "linears.15.weight" in header  # 16 depformer steps
+    assert REFERENCE["lm_kwargs"]["dep_q"] == 16 and REFERENCE["lm_kwargs"]["n_q"] == 16
+
+
+def test_kame_steps_the_assistant_as_the_reference_does_with_a_session_beside_it(frontend):
+    assert frontend.lm.dep_q == 8 and frontend.lm.predicted_q == 16  # the user's 8 come from the user
+    assert frontend.oracle_emb is None  # no oracle table: nothing of an oracle goes into its input
+    assert frontend.mimi.num_codebooks == 8
+    assert "PersonaPlex layout" in frontend.family and "no oracle" in frontend.family  # what serve and doctor say
+    user = REFERENCE["user_codes"]
+    expected = REFERENCE["plain"][1:]  # personaplex's LMGen returns each frame one call later than moshi's
+    beside = [list(reversed(values)) for values in user]
+    for ours in (run(frontend, user), run(frontend, user, beside)):
+        compared = [(t, ours[t], expected[t]) for t in range(len(expected)) if ours[t] is not None]
+        assert len(compared) >= len(expected) - 2  # every frame once the acoustic delay has passed
+        assert all(a == b for _, a, b in compared), next((t, a, b) for t, a, b in compared if a != b)
+
+
+def test_without_config_json_the_weights_say_it_is_personaplex(tmp_path):
+    """PersonaPlex's loader reads no config.json: with none (or an empty one) KAME takes the 7B's
+    hyperparameters and counts the depformer's steps in the weights (checked on the header, no weight read)."""
+    from kame.frontend.loader import preset_from_weights
+
+    header = weights.read_header(FIXTURE / "model.safetensors")
+    kwargs = preset_from_weights(header, FIXTURE / "model.safetensors")
+    assert kwargs["dep_q"] == 16 and kwargs["n_q"] == 16 and kwargs["dim"] == 4096
+    plain = {k: v for k, v in header.items() if not k.startswith(("depformer_in.", "linears.", "depformer_emb."))
+             or int(k.split(".")[1]) < 8}
+    assert preset_from_weights(plain, FIXTURE / "model.safetensors")["dep_q"] == 8  # Moshi's own 8
