@@ -21,13 +21,16 @@ from moshi.models import loaders
 from safetensors.torch import save_file
 
 from kame.frontend import weights
-from kame.frontend.engine import BatchedEngine
+from kame.frontend.engine import BatchedEngine, PromptFrame
 from kame.frontend.loader import load_frontend
 from kame.frontend.presets import TINY_COPY_DIR
 from kame.frontend.sampling import GenerationConfig
 
 FIXTURE = Path(__file__).parent / "fixtures" / "personaplex-tiny"
 REFERENCE = json.loads((FIXTURE / "reference.json").read_text())
+SILENCE = (948, 243, 1178, 546, 1736, 1030, 1978, 2008)  # the reference's codes of silence (the assistant's)...
+SINE = (430, 1268, 381, 1611, 1095, 1495, 56, 472)  # ...and of a 440 Hz tone (the user's), during its prompts
+PAD = 3
 
 
 def checkpoint(root: Path, config: dict) -> Path:
@@ -118,3 +121,64 @@ def test_without_config_json_the_weights_say_it_is_personaplex(tmp_path):
     plain = {k: v for k, v in header.items() if not k.startswith(("depformer_in.", "linears.", "depformer_emb."))
              or int(k.split(".")[1]) < 8}
     assert preset_from_weights(plain, FIXTURE / "model.safetensors")["dep_q"] == 8  # Moshi's own 8
+
+
+class Batch:
+    """Our engine, greedy, with the user's codes given for each slot (Mimi bypassed) and each slot's frames
+    (text token and the assistant's 8 codebooks) kept."""
+
+    def __init__(self, frontend) -> None:
+        self.engine = BatchedEngine(frontend, batch_size=2, gen=GenerationConfig(use_sampling=False))
+        self.codes: dict[int, list[int]] = {}
+        self.frames: dict[int, list] = {}
+        self.engine._encode, self.engine._decode = self._encode, self._decode
+
+    def _encode(self, pcm, mask):
+        batch = torch.zeros(pcm.shape[0], 8, 1, dtype=torch.long)
+        for slot, values in self.codes.items():
+            batch[self.engine._rows.row(slot), :, 0] = torch.tensor(values)
+        return batch
+
+    def _decode(self, tokens, ready):
+        for slot in self.codes:
+            self.frames.setdefault(slot, []).append(tokens[self.engine._rows.row(slot), :, 0].tolist())
+        return torch.zeros(tokens.shape[0], 1920)
+
+    def step(self, codes: dict[int, list[int]]) -> None:
+        self.codes = codes
+        self.engine.step({slot: np.zeros(1920, np.float32) for slot in codes})
+
+
+def test_a_persona_prompt_prefilled_beside_a_talking_session_equals_the_reference(frontend):
+    """The prompt as PersonaPlex runs it (the voice's codes, 6 frames of silence, the role text's tokens one a
+    frame, 6 of silence; the user's stream a tone throughout), prefilled for one slot while another session is
+    mid-conversation: the conversation after it equals the reference's frame for frame, and the other
+    session's frames are those it has with no prefill beside it."""
+    prompt = ([PromptFrame(PAD, tuple(codes), SINE) for codes in REFERENCE["voice_codes"]]
+              + [PromptFrame(PAD, SILENCE, SINE)] * REFERENCE["silence_frames"]
+              + [PromptFrame(token, SILENCE, SINE) for token in REFERENCE["text_prompt"]]
+              + [PromptFrame(PAD, SILENCE, SINE)] * REFERENCE["silence_frames"])
+    user = REFERENCE["user_codes"]
+    other = [list(reversed(values)) for values in user]
+
+    def conversation(with_prompt: bool) -> tuple[list, list]:
+        batch = Batch(frontend)
+        try:
+            talking = batch.engine.acquire()
+            for values in other[:10]:  # the other session talks first
+                batch.step({talking: values})
+            slot = batch.engine.acquire()
+            if with_prompt:
+                batch.engine.prefill(slot, prompt)
+            for t, values in enumerate(user):
+                batch.step({talking: other[(10 + t) % len(other)], slot: values})
+        finally:
+            batch.engine.close()
+        return batch.frames[slot], batch.frames[talking]
+
+    prompted, beside = conversation(True)
+    _, alone = conversation(False)
+    expected = REFERENCE["prompted"][1:]  # one call earlier than personaplex's LMGen, as above
+    assert prompted[: len(expected)] == expected and len(expected) == len(user) - 1
+    assert prompted[: len(expected)] != REFERENCE["plain"][1:]  # the prompt shaped what followed
+    assert beside == alone

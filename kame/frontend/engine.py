@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +51,17 @@ class FrameOutput:
     text_token: int | None  # None for padding or before the first generated token
     oracle_token: int  # the oracle token this frame's LM step received
     applied: tuple[AppliedUpdate, ...] = ()  # oracle updates applied just before this frame
+
+
+@dataclass(frozen=True)
+class PromptFrame:
+    """One frame a slot is stepped through with every stream given (a persona's prompt, as PersonaPlex's
+    reference runs it): the text token and the assistant's codebooks win over what the LM samples, the user's
+    codebooks are its input."""
+
+    text: int
+    assistant: tuple[int, ...]
+    user: tuple[int, ...]
 
 
 class BatchedEngine:
@@ -237,6 +248,42 @@ class BatchedEngine:
         finally:
             self._rows.sync()
         return self._outputs(slots, tokens.cpu(), audio_ready.cpu(), pcm_out, oracle, applied)
+
+    @torch.no_grad()
+    def prefill(self, slot: int, frames: Sequence[PromptFrame]) -> None:
+        """Step `slot` alone through `frames` (its row only executes: the other rows keep their state), no Mimi
+        either way; what the LM samples of the given streams is replaced, as the reference's "provided" tokens
+        replace its samples, so the next frames see the prompt. Prefill before the slot's first frame."""
+        self._check_slot(slot)
+        if not frames:
+            return
+        lm = self.lm_gen.lm_model
+        n, row = self._rows.view(), self._rows.row(slot)
+        mask = torch.zeros(n, dtype=torch.bool)
+        mask[row] = True
+        mask = mask.to(self.device)
+        state = self._state
+        start = int(state.offsets[row])
+        delays = lm.delays[: lm.dep_q + 1]
+        streams = torch.tensor([[f.text, *f.assistant[: lm.dep_q]] for f in frames], dtype=torch.long)
+        padding = lm.text_padding_token_id
+        try:
+            with contextlib.nullcontext() if self._compile else no_compile():
+                for frame in frames:
+                    codes = torch.zeros(n, len(frame.user), 1, dtype=torch.long)
+                    codes[row, :, 0] = torch.tensor(frame.user)
+                    self._state.condition_sum = self.oracle_condition([padding] * n)
+                    self.lm_gen.set_exec_mask(mask)
+                    self.lm_gen.step(codes.to(self.device))
+                    self._frames[slot] += 1
+                    state = self._state
+                    position = int(state.offsets[row])  # the position this step wrote
+                    for stream, delay in enumerate(delays):
+                        index = position - delay - start  # the prompt frame whose token sits there
+                        if 0 <= index < len(frames):
+                            state.cache[row, stream, position % state.cache.shape[2]] = streams[index, stream]
+        finally:
+            self._rows.sync()
 
     def _pcm_batch(self, frames: Mapping[int, np.ndarray], n: int) -> torch.Tensor:
         pcm = torch.zeros(n, 1, FRAME_SIZE, dtype=torch.float32)
