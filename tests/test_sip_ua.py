@@ -886,3 +886,33 @@ async def test_invite_over_tcp_answered_on_the_same_connection():
             reading.cancel()
         finally:
             writer.close()
+
+
+@run
+async def test_port_0_finds_a_port_free_for_udp_and_tcp_alike(monkeypatch):
+    """The system picks a free UDP port; where TCP's same port is taken by another program, another is tried
+    (a race CI's parallel tests met: EADDRINUSE); an explicit port taken is an error at once."""
+    import errno
+
+    real, refused = asyncio.start_server, []
+
+    async def start_server(*args, **kwargs):
+        if not refused:  # the first port's TCP twin is someone else's
+            refused.append(args[2])
+            raise OSError(errno.EADDRINUSE, "address already in use")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "start_server", start_server)
+    transport = SipTransport(lambda message, flow: None)
+    await transport.start(LOOPBACK, 0)
+    try:
+        assert refused and transport.port != 0
+        reader, writer = await asyncio.open_connection(LOOPBACK, transport.port)  # TCP listens on the port chosen
+        writer.close()
+    finally:
+        await transport.close()
+    refused.clear()
+    other = SipTransport(lambda message, flow: None)
+    with pytest.raises(OSError):
+        await other.start(LOOPBACK, transport.port or 5060)
+    await other.close()

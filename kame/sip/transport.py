@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import socket
 import ssl
@@ -21,6 +22,7 @@ CONNECT_LIMIT_S = 5.0
 # default), so a quiet call keeps the connection its BYE will need
 IDLE_STREAM_S = 4 * 3600.0
 LOGGED_UNREADABLE = 100  # unreadable messages logged one by one (the rest counted in stats)
+START_ATTEMPTS = 20  # port 0: ports tried before one is free for UDP and TCP (and TLS) at once
 
 
 @dataclass(eq=False)
@@ -73,6 +75,19 @@ class SipTransport:
 
     async def start(self, host: str, port: int, *, tcp: bool = True, tls: ssl.SSLContext | None = None,
                     tls_port: int | None = None) -> None:
+        """Listen on UDP and TCP at `port` (TLS at `tls_port`, else the next one). Port 0: a port the system
+        picks for UDP, then taken for TCP (and TLS) too; where another program holds it there, another one."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                await self._listen(host, port, tcp, tls, tls_port)
+                return
+            except OSError as exc:
+                await self._unlisten()
+                if port != 0 or exc.errno != errno.EADDRINUSE or attempt == START_ATTEMPTS:
+                    raise
+
+    async def _listen(self, host: str, port: int, tcp: bool, tls: ssl.SSLContext | None,
+                      tls_port: int | None) -> None:
         loop = asyncio.get_running_loop()
         self._udp, _ = await loop.create_datagram_endpoint(lambda: _Datagrams(self), local_addr=(host, port))
         self.host, self.port = host, self._udp.get_extra_info("sockname")[1]
@@ -83,6 +98,15 @@ class SipTransport:
                                                 tls_port if tls_port is not None else self.port + 1, ssl=tls)
             self._servers.append(server)
             self.tls_port = server.sockets[0].getsockname()[1]
+
+    async def _unlisten(self) -> None:
+        for server in self._servers:
+            server.close()
+            await server.wait_closed()
+        self._servers.clear()
+        if self._udp is not None:
+            self._udp.close()
+            self._udp = None
 
     def use_tls_client(self, context: ssl.SSLContext) -> None:
         self._tls_client = context
