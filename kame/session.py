@@ -41,6 +41,7 @@ from kame.engine_events import FrameEvents
 from kame.errors import EngineError, SessionError, SlotsBusy
 from kame.frontend.engine import FrameOutput
 from kame.frontend.oracle import OracleUpdate
+from kame.frontend.persona import persona_prompt
 from kame.latency import LatencyTracker
 from kame.queues import post
 from kame.runtime import Runtime
@@ -92,8 +93,9 @@ class TandemSession:
         if runtime.runner.free_slots <= 0:
             raise SlotsBusy(f"all {runtime.engine.batch_size} session slots are busy; try again later")
         on_output = session._on_output_threadsafe  # a frame's output, or the engine's error on the slot
+        prompt = persona_prompt(runtime.frontend, config.persona)
         session.handle = await runtime.runner.acquire_async(on_output, on_output, live=config.realtime,
-                                                            sampling=session.sampling)
+                                                            sampling=session.sampling, prompt=prompt)
         try:
             session._start()
         except BaseException:

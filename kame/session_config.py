@@ -20,3 +20,5 @@ class SessionConfig:
     stats_interval_s: float | None = None  # a SessionStats event this often; None: never
     asr_stall_s: float = 10.0  # the ASR this far behind: go on without it
     sampling: Mapping[str, float | int | str] = dataclasses.field(default_factory=dict)  # over the checkpoint's
+    # a PersonaPlex-layout front-end's role text (prefilled, as its reference does, before the session talks)
+    persona: str | None = None

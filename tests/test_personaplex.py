@@ -182,3 +182,140 @@ def test_a_persona_prompt_prefilled_beside_a_talking_session_equals_the_referenc
     assert prompted[: len(expected)] == expected and len(expected) == len(user) - 1
     assert prompted[: len(expected)] != REFERENCE["plain"][1:]  # the prompt shaped what followed
     assert beside == alone
+
+
+def test_the_runner_prefills_a_persona_between_the_steps_of_a_talking_session(frontend):
+    """On the engine's thread (EngineRunner): a session talks; another is acquired with a persona's prompt, which
+    is stepped in the time the talking one's steps leave; its handle comes once the prompt is in, and its
+    conversation then equals the reference's; the talking session's frames are those it has with nobody beside
+    it."""
+    import threading
+    import time
+
+    from kame.frontend.runner import EngineRunner
+
+    prompt = ([PromptFrame(PAD, tuple(codes), SINE) for codes in REFERENCE["voice_codes"]]
+              + [PromptFrame(PAD, SILENCE, SINE)] * REFERENCE["silence_frames"]
+              + [PromptFrame(token, SILENCE, SINE) for token in REFERENCE["text_prompt"]]
+              + [PromptFrame(PAD, SILENCE, SINE)] * REFERENCE["silence_frames"])
+    user = REFERENCE["user_codes"]
+    other = [list(reversed(values)) for values in user] * 2
+
+    def frame(codes: list[int]) -> np.ndarray:  # the codes ride in the frame's first samples (Mimi bypassed)
+        pcm = np.zeros(1920, np.float32)
+        pcm[:8] = codes
+        return pcm
+
+    def run(with_persona: bool | None) -> dict[int, list]:
+        """The talking session's and (unless None) the other's frames, by slot."""
+        engine = BatchedEngine(frontend, batch_size=2, gen=GenerationConfig(use_sampling=False))
+        tokens: dict[int, list] = {}
+
+        def decode(batch, ready):
+            for slot in list(engine._active):
+                if bool(ready[engine._rows.row(slot)]):
+                    tokens.setdefault(slot, []).append(batch[engine._rows.row(slot), :, 0].tolist())
+            return torch.zeros(batch.shape[0], 1920)
+
+        engine._encode = lambda pcm, mask: pcm[:, :, :8].round().long().transpose(1, 2)
+        engine._decode = decode
+        runner = EngineRunner(engine, clock="eager", batch_window_s=0.0).start()
+        came = threading.Semaphore(0)
+        try:
+            talking = runner.acquire(lambda out: None, live=False)  # faster than real time: none skipped
+            talker = threading.Thread(target=lambda: [(talking.push_frame(frame(c)), time.sleep(0.02)) for c in other])
+            talker.start()
+            time.sleep(0.1)
+            if with_persona is not None:
+                handle = runner.acquire(lambda out: came.release(), timeout=60,
+                                        prompt=prompt if with_persona else ())
+                for codes in user:  # one frame, then its output, as a live session's would come
+                    handle.push_frame(frame(codes))
+                    assert came.acquire(timeout=10)
+            talker.join()
+            time.sleep(0.2)
+        finally:
+            runner.stop()
+            engine.close()
+        return tokens
+
+    prompted = run(True)
+    alone = run(None)
+    expected = REFERENCE["prompted"][1:]
+    assert prompted[1][: len(expected)] == expected  # slot 1: the persona's
+    assert prompted[0] == alone[0] and len(alone[0]) == len(other) - 1  # slot 0: the talking session's
+
+
+def test_a_prompt_is_stepped_only_where_it_fits_before_the_next_step():
+    """The runner's rule for a persona's prompt: while sessions talk, only the prompt frames whose measured cost
+    (with a margin) fits in the time left before their next step; the first, to measure it, in half a frame's
+    slack; all of a chunk while the engine is idle."""
+    from types import SimpleNamespace
+
+    from kame.frontend.runner import PREFILL_CHUNK, PREFILL_MARGIN, EngineRunner
+
+    runner = EngineRunner(SimpleNamespace(), frame_s=0.08)
+    assert runner._prefill_budget(None) == PREFILL_CHUNK  # idle
+    assert runner._prefill_budget(0.03) == 0 and runner._prefill_budget(0.05) == 1  # not measured yet
+    runner._prefill_frame_s = 0.01
+    assert runner._prefill_budget(0.01 * PREFILL_MARGIN * 3 + 1e-6) == 3
+    assert runner._prefill_budget(0.01) == 0  # one frame, but not with its margin
+    assert runner._prefill_budget(10.0) == PREFILL_CHUNK
+
+
+def test_a_persona_session_over_api_chat_beside_a_plain_one(tmp_path, caplog):
+    """PersonaPlex's own query (`/api/chat?text_prompt=...`) on a server whose front-end is the PersonaPlex-layout
+    fixture: the persona is prefilled and the session talks, beside a session without one; a `voice_prompt` is
+    refused with a clear reason (voices are not served yet), never silently dropped."""
+    import asyncio
+    import logging
+
+    from client.client import AudioMessage, KameClient, ServerRefused
+
+    from .server_harness import running_server
+
+    folder = checkpoint(tmp_path / "repo", REFERENCE["lm_kwargs"])
+
+    async def session(url: str, options: dict) -> int:
+        client = await KameClient.connect(url + "/api/chat", events=False, audio="pcm", options=options)
+        heard = 0
+        try:
+            for _ in range(15):
+                await client.send_pcm(np.zeros(1920, np.float32))
+                await asyncio.sleep(0.08)
+            async with asyncio.timeout(10):
+                async for message in client:
+                    heard += isinstance(message, AudioMessage)
+                    if heard >= 5:
+                        break
+        finally:
+            await client.close()
+        return heard
+
+    async def both(url: str) -> list:
+        return await asyncio.gather(session(url, {"text_prompt": "You are a patient teacher."}), session(url, {}))
+
+    async def refused(url: str) -> str:
+        with pytest.raises(ServerRefused) as refusal:
+            await KameClient.connect(url + "/api/chat", options={"text_prompt": "x", "voice_prompt": "NATF0.pt"})
+        return str(refusal.value)
+
+    with caplog.at_level(logging.INFO, logger="kame.frontend.runner"), \
+            running_server(frontend=str(folder), asr="none", max_sessions=2) as (url, _):
+        heard = asyncio.run(both(url))
+        reason = asyncio.run(refused(url))
+    assert heard == [5, 5]
+    assert any("persona's prompt" in r.getMessage() and "prefilled" in r.getMessage() for r in caplog.records)
+    assert "voice_prompt" in reason and "not served yet" in reason
+
+
+def test_a_front_end_without_a_persona_says_so():
+    from types import SimpleNamespace
+
+    from kame.errors import SessionError
+    from kame.frontend.persona import persona_prompt
+
+    plain = SimpleNamespace(lm=SimpleNamespace(dep_q=8, n_q=16), source="tiny-copy", tokenizer=None)
+    assert persona_prompt(plain, None) == [] and persona_prompt(plain, "  ") == []
+    with pytest.raises(SessionError, match="takes no persona"):
+        persona_prompt(plain, "You are a pirate.")

@@ -250,12 +250,14 @@ class BatchedEngine:
         return self._outputs(slots, tokens.cpu(), audio_ready.cpu(), pcm_out, oracle, applied)
 
     @torch.no_grad()
-    def prefill(self, slot: int, frames: Sequence[PromptFrame]) -> None:
-        """Step `slot` alone through `frames` (its row only executes: the other rows keep their state), no Mimi
-        either way; what the LM samples of the given streams is replaced, as the reference's "provided" tokens
-        replace its samples, so the next frames see the prompt. Prefill before the slot's first frame."""
+    def prefill(self, slot: int, frames: Sequence[PromptFrame], begin: int = 0, end: int | None = None) -> None:
+        """Step `slot` alone through `frames[begin:end]` of its prompt `frames` (its row only executes: the other
+        rows keep their state), no Mimi either way; what the LM samples of the given streams is replaced, as the
+        reference's "provided" tokens replace its samples, so the next frames see the prompt. Prefill before the
+        slot's first frame; in parts (`begin`, `end`) as long as they follow each other."""
         self._check_slot(slot)
-        if not frames:
+        end = len(frames) if end is None else end
+        if begin >= end:
             return
         lm = self.lm_gen.lm_model
         n, row = self._rows.view(), self._rows.row(slot)
@@ -263,13 +265,13 @@ class BatchedEngine:
         mask[row] = True
         mask = mask.to(self.device)
         state = self._state
-        start = int(state.offsets[row])
+        start = int(state.offsets[row]) - begin  # where the prompt's first frame is (was) stepped
         delays = lm.delays[: lm.dep_q + 1]
         streams = torch.tensor([[f.text, *f.assistant[: lm.dep_q]] for f in frames], dtype=torch.long)
         padding = lm.text_padding_token_id
         try:
             with contextlib.nullcontext() if self._compile else no_compile():
-                for frame in frames:
+                for frame in frames[begin:end]:
                     codes = torch.zeros(n, len(frame.user), 1, dtype=torch.long)
                     codes[row, :, 0] = torch.tensor(frame.user)
                     self._state.condition_sum = self.oracle_condition([padding] * n)

@@ -24,13 +24,13 @@ import itertools
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Client
 
 import numpy as np
 
-from kame.errors import EngineError, SlotsBusy
+from kame.errors import EngineError, SessionError, SlotsBusy
 from kame.frontend.oracle import OracleUpdate
 from kame.frontend.remote_wire import (
     MAX_QUEUED,
@@ -234,7 +234,11 @@ class RemoteRunner:
         return result
 
     async def acquire_async(self, on_output: OutputCallback, on_error: ErrorCallback | None = None,
-                            live: bool = True, sampling: Sampling | None = None) -> RemoteSlotHandle:
+                            live: bool = True, sampling: Sampling | None = None,
+                            prompt: Sequence = ()) -> RemoteSlotHandle:
+        if prompt:
+            raise SessionError("a persona's prompt is not prefilled over a remote engine yet: serve persona "
+                               "sessions from one process (kame serve without --fronts)")
         future = self.acquire_future(on_output, on_error, live, sampling)
         try:
             return await asyncio.shield(asyncio.wrap_future(future))

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,7 +36,7 @@ import torch
 from kame.audio import FRAME_S
 from kame.clock import MonotonicClock
 from kame.errors import EngineError
-from kame.frontend.engine import FRAME_SIZE, BatchedEngine, FrameOutput
+from kame.frontend.engine import FRAME_SIZE, BatchedEngine, FrameOutput, PromptFrame
 from kame.frontend.oracle import OracleUpdate
 from kame.frontend.sampling import Sampling
 from kame.frontend.slots import (
@@ -54,6 +54,18 @@ logger = logging.getLogger(__name__)
 OVERRUN_LOG_INTERVAL_S = 60.0  # an overloaded engine warns at most this often
 # the defaults of the runner and so of kame.runtime.RuntimeSettings (and the server's settings)
 BATCH_WINDOW_S, MAX_PENDING_FRAMES, JITTER_FRAMES = 0.02, 25, 3
+PREFILL_CHUNK = 16  # prompt frames stepped at most at once, between two steps of the talking sessions
+PREFILL_MARGIN = 1.5  # a chunk is stepped only where this many times its expected cost fits before the next step
+
+
+@dataclass
+class _Prefill:
+    """A slot being prefilled with its prompt; its acquirer gets the handle once it is done."""
+
+    handle: SlotHandle
+    frames: Sequence[PromptFrame]
+    done: concurrent.futures.Future
+    stepped: int = 0
 
 
 class TimeSource(Protocol):
@@ -111,6 +123,8 @@ class EngineRunner:
         self._idle = False  # the engine thread sleeps until a frame arrives
         self._holding = 0  # inboxes that hold a frame (kept as frames come and go: the eager wait counts on it)
         self._overrun_logged_at: float | None = None
+        self._prefills: deque[_Prefill] = deque()  # slots acquired with a prompt, stepped through it in slack
+        self._prefill_frame_s = 0.0  # the latest cost of one prompt frame (0: not measured yet)
 
     @property
     def steps(self) -> int:
@@ -168,12 +182,14 @@ class EngineRunner:
     # ---------------------------------------------------------------- slots
 
     def acquire(self, on_output: OutputCallback, on_error: ErrorCallback | None = None,
-                timeout: float | None = 30.0, live: bool = True, sampling: Sampling | None = None) -> SlotHandle:
+                timeout: float | None = 30.0, live: bool = True, sampling: Sampling | None = None,
+                prompt: Sequence[PromptFrame] = ()) -> SlotHandle:
         """Reserve and reset a slot under a new generation (blocking until the engine thread has done it).
 
         `live=False`: the client sends faster than real time on purpose; its frames never skip to live.
-        `sampling`: the slot's own sampling settings (None: the checkpoint's)."""
-        future = self.acquire_future(on_output, on_error, live, sampling)
+        `sampling`: the slot's own sampling settings (None: the checkpoint's). `prompt`: a persona's, stepped
+        first (`acquire_future`)."""
+        future = self.acquire_future(on_output, on_error, live, sampling, prompt)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
@@ -181,14 +197,32 @@ class EngineRunner:
             raise
 
     def acquire_future(self, on_output: OutputCallback, on_error: ErrorCallback | None = None,
-                       live: bool = True, sampling: Sampling | None = None) -> concurrent.futures.Future:
+                       live: bool = True, sampling: Sampling | None = None,
+                       prompt: Sequence[PromptFrame] = ()) -> concurrent.futures.Future:
         """`acquire` without waiting: the future's result is the handle (a caller gone meanwhile must
-        release it: `release_if_acquired`)."""
-        return self._call(self._acquire_fn(on_output, on_error, live, sampling))
+        release it: `release_if_acquired`). With a `prompt` (a persona's), the slot is stepped through it first,
+        in the time the talking sessions' steps leave (they never wait for it), and the handle comes after."""
+        acquire = self._acquire_fn(on_output, on_error, live, sampling)
+        if not prompt:
+            return self._call(acquire)
+        done: concurrent.futures.Future = concurrent.futures.Future()
+
+        def acquire_then_prefill() -> SlotHandle:
+            handle = acquire()
+            self._prefills.append(_Prefill(handle, list(prompt), done))  # on the engine thread, as _next_work
+            return handle
+
+        def failed(acquired: concurrent.futures.Future) -> None:
+            if acquired.exception() is not None:
+                done.set_exception(acquired.exception())
+
+        self._call(acquire_then_prefill).add_done_callback(failed)
+        return done
 
     async def acquire_async(self, on_output: OutputCallback, on_error: ErrorCallback | None = None,
-                            live: bool = True, sampling: Sampling | None = None) -> SlotHandle:
-        future = self.acquire_future(on_output, on_error, live, sampling)
+                            live: bool = True, sampling: Sampling | None = None,
+                            prompt: Sequence[PromptFrame] = ()) -> SlotHandle:
+        future = self.acquire_future(on_output, on_error, live, sampling, prompt)
         try:
             return await asyncio.shield(asyncio.wrap_future(future))
         except asyncio.CancelledError:
@@ -277,15 +311,21 @@ class EngineRunner:
         if self.torch_threads:
             torch.set_num_threads(self.torch_threads)
         while (work := self._next_work()) is not None:
-            commands, batch = work
+            commands, batch, prefill = work
             for fn, future in commands:
                 self._run_command(fn, future)
             if batch:
                 self._step(batch)
+            if prefill is not None:
+                self._prefill(*prefill)
         with self._cond:
             commands = self._take_commands()
         for _, future in commands:  # nobody may wait forever on a command the thread will never run
             future.set_exception(EngineError("the engine runner stopped"))
+        while self._prefills:
+            entry = self._prefills.popleft()
+            entry.handle.release()
+            entry.done.set_exception(EngineError("the engine runner stopped"))
 
     def _next_work(self):
         """(commands, batch) to run next, or None to stop: commands go first, but a batch the policy was
@@ -296,13 +336,46 @@ class EngineRunner:
             while True:
                 if self._stopping or self._commands:
                     if policy.interrupt():
-                        return [], self._take_batch()
-                    return None if self._stopping else (self._take_commands(), {})
+                        return [], self._take_batch(), None
+                    return None if self._stopping else (self._take_commands(), {}, None)
                 now = self.time_source.now()
                 at = policy.next_step(self._inboxes.values(), self._holding, now)
                 if at is not None and at <= now:
-                    return [], self._take_batch()
+                    return [], self._take_batch(), None
+                if self._prefills:  # the time until the next step: a prompt's frames, if some fit in it
+                    frames = self._prefill_budget(None if at is None else at - now)
+                    if frames:
+                        return [], {}, (self._prefills[0], frames)
                 self._wait(None if at is None else at - now)
+
+    def _prefill_budget(self, slack_s: float | None) -> int:
+        """Prompt frames that fit in `slack_s` (None: the engine is idle) at the latest measured cost."""
+        cost = self._prefill_frame_s
+        if slack_s is None:
+            return PREFILL_CHUNK
+        if cost == 0.0:  # the first frame measures the cost: in a good half of a frame's slack
+            return 1 if slack_s >= self.frame_s / 2 else 0
+        return min(PREFILL_CHUNK, int(slack_s / (cost * PREFILL_MARGIN)))
+
+    def _prefill(self, entry: _Prefill, frames: int) -> None:
+        """Step the first waiting slot through the next `frames` of its prompt; its handle goes out at the end."""
+        handle, begin = entry.handle, entry.stepped
+        end = min(len(entry.frames), begin + frames)
+        started = time.perf_counter()
+        try:
+            self.engine.prefill(handle.slot, entry.frames, begin, end)
+        except Exception as exc:  # contained: the slot goes back, its acquirer is told
+            logger.exception("prefilling slot %d failed", handle.slot)
+            self._prefills.popleft()
+            handle.release()
+            entry.done.set_exception(exc)
+            return
+        self._prefill_frame_s = (time.perf_counter() - started) / (end - begin)
+        entry.stepped = end
+        if end == len(entry.frames):
+            self._prefills.popleft()
+            logger.info("slot %d: a persona's prompt of %d frames prefilled", handle.slot, end)
+            entry.done.set_result(handle)
 
     def _count_overrun(self, elapsed: float) -> None:
         """A step longer than a frame: the engine is behind real time; it warns once a minute at most."""

@@ -42,6 +42,7 @@ class SessionOptions:
     realtime: bool = True  # False (?realtime=0): the client sends faster than real time; no frame is skipped
     sampling: dict[str, float | int] = field(default_factory=dict)  # Moshi's sampling query parameters
     ignored: tuple[str, ...] = ()  # parameters Moshi's clients send that this server cannot honour
+    persona: str | None = None  # PersonaPlex's `text_prompt`: the role text a PersonaPlex-layout front-end takes
 
     @classmethod
     def from_query(cls, params) -> SessionOptions:
@@ -59,8 +60,11 @@ class SessionOptions:
             sampling = {name: getattr(Sampling().updated(asked), name) for name in asked}
         except ValueError as exc:
             raise ProtocolError(str(exc)) from exc
+        if "voice_prompt" in params:  # PersonaPlex's client always names one
+            raise ProtocolError("voice_prompt: voice prompts are not served yet (only the role text, text_prompt)")
         return cls(_flag(params, "events", False), audio, params.get("backend"), _flag(params, "asr", True), delay,
-                   _flag(params, "realtime", True), sampling, tuple(name for name in _IGNORED if name in params))
+                   _flag(params, "realtime", True), sampling, tuple(name for name in _IGNORED if name in params),
+                   params.get("text_prompt") or None)
 
 
 def _flag(params, name: str, default: bool) -> bool:

@@ -1,0 +1,77 @@
+"""A persona for a PersonaPlex-layout front-end: the prompt its reference (NVIDIA/personaplex) steps the model
+through before the conversation, as `PromptFrame`s for `BatchedEngine.prefill`.
+
+The reference's order: the voice prompt's Mimi codes as the assistant's audio (text: padding), 0.5 s of silence
+(6 frames), the role text wrapped in `<system>` tags one SentencePiece token a frame (assistant: silence), 0.5 s
+of silence; the user's stream is a 440 Hz tone throughout. The silence and the tone are the reference's fixed
+Mimi codes (`SILENCE_CODES`, `SINE_CODES`: what the released Mimi makes of them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kame.errors import SessionError
+from kame.frontend.engine import PromptFrame
+
+PAD = 3  # the text stream's padding token during the voice prompt and the silences
+SILENCE_FRAMES = 6  # 0.5 s at 12.5 frames a second
+SILENCE_CODES = (948, 243, 1178, 546, 1736, 1030, 1978, 2008)  # the assistant's audio while it is silent
+SINE_CODES = (430, 1268, 381, 1611, 1095, 1495, 56, 472)  # the user's: a 440 Hz tone
+MAX_TEXT_TOKENS = 1024  # a role text beyond this is refused (it costs a frame a token, and the context)
+
+
+@dataclass(frozen=True)
+class Persona:
+    """What a session asks its front-end to be: a role text, and a voice (its Mimi codes, a frame each)."""
+
+    text: str | None = None
+    voice: tuple[tuple[int, ...], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.text and self.text.strip()) or bool(self.voice)
+
+
+def wrap_system(text: str) -> str:
+    """The role text as the reference gives it to the tokenizer: between `<system>` tags (plain text)."""
+    text = text.strip()
+    if text.startswith("<system>") and text.endswith("<system>"):
+        return text
+    return f"<system> {text} <system>"
+
+
+def prompt_frames(persona: Persona, tokenizer, silence_frames: int = SILENCE_FRAMES) -> list[PromptFrame]:
+    """The frames the reference steps through for `persona` (an empty role text: none of the text part,
+    where the reference fails)."""
+    frames = [PromptFrame(PAD, tuple(codes), SINE_CODES) for codes in persona.voice]
+    quiet = [PromptFrame(PAD, SILENCE_CODES, SINE_CODES)] * silence_frames
+    frames += quiet
+    if persona.text and persona.text.strip():
+        if tokenizer is None:
+            raise SessionError("this front-end has no tokenizer: it cannot take a role text")
+        tokens = tokenizer.encode(wrap_system(persona.text))
+        if len(tokens) > MAX_TEXT_TOKENS:
+            raise SessionError(f"the role text is {len(tokens)} tokens long; at most {MAX_TEXT_TOKENS}")
+        frames += [PromptFrame(int(token), SILENCE_CODES, SINE_CODES) for token in tokens] + quiet
+    return frames
+
+
+def check_voice(voice: Sequence[Sequence[int]], codebooks: int, card: int) -> tuple[tuple[int, ...], ...]:
+    """A voice prompt's codes as the front-end takes them, or SessionError saying what is wrong."""
+    codes = tuple(tuple(int(c) for c in frame) for frame in voice)
+    for frame in codes:
+        if len(frame) != codebooks or not all(0 <= c < card for c in frame):
+            raise SessionError(f"a voice prompt is frames of {codebooks} codes in [0, {card})")
+    return codes
+
+
+def persona_prompt(frontend, text: str | None) -> list[PromptFrame]:
+    """A session's persona prompt for `frontend` (none without a role text), or SessionError where the
+    front-end takes none: only a PersonaPlex-layout checkpoint was trained with one."""
+    if not text or not text.strip():
+        return []
+    if not getattr(frontend.lm, "predicted_q", None):
+        raise SessionError(f"the front-end {frontend.source or 'in use'} takes no persona (a role text): "
+                           "PersonaPlex-layout checkpoints (nvidia/personaplex-7b-v1) do")
+    return prompt_frames(Persona(text), frontend.tokenizer)
