@@ -261,6 +261,11 @@ def test_a_prompt_is_stepped_only_where_it_fits_before_the_next_step():
     assert runner._prefill_budget(0.01 * PREFILL_MARGIN * 3 + 1e-6) == 3
     assert runner._prefill_budget(0.01) == 0  # one frame, but not with its margin
     assert runner._prefill_budget(10.0) == PREFILL_CHUNK
+    runner._prefill_frame_s = 0.05  # measured high once: in half a frame's slack it fades until a frame fits
+    fades = 0
+    while runner._prefill_budget(0.06) == 0:
+        fades += 1
+    assert fades == 5 and runner._prefill_frame_s <= 0.06 / PREFILL_MARGIN  # 0.05 x 0.9^5
 
 
 def test_a_persona_session_over_api_chat_beside_a_plain_one(tmp_path, caplog):

@@ -47,7 +47,7 @@ from kame.frontend.slots import (
     Stamped,
     release_if_acquired,
 )
-from kame.frontend.step_policy import EngineClock, make_policy
+from kame.frontend.step_policy import EngineClock, make_policy, sending
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,9 @@ OVERRUN_LOG_INTERVAL_S = 60.0  # an overloaded engine warns at most this often
 # the defaults of the runner and so of kame.runtime.RuntimeSettings (and the server's settings)
 BATCH_WINDOW_S, MAX_PENDING_FRAMES, JITTER_FRAMES = 0.02, 25, 3
 PREFILL_CHUNK = 16  # prompt frames stepped at most at once, between two steps of the talking sessions
-PREFILL_MARGIN = 1.5  # a chunk is stepped only where this many times its expected cost fits before the next step
+PREFILL_MARGIN = 2.0  # a chunk is stepped only where this many times its expected cost fits before the next step
+PREFILL_COST_GAIN = 0.3  # of each part's measured cost a frame, into the estimate
+PREFILL_COST_FADE = 0.9  # an estimate that lets no frame into half a frame's slack, times this each time
 
 
 @dataclass
@@ -343,19 +345,33 @@ class EngineRunner:
                 if at is not None and at <= now:
                     return [], self._take_batch(), None
                 if self._prefills:  # the time until the next step: a prompt's frames, if some fit in it
-                    frames = self._prefill_budget(None if at is None else at - now)
+                    frames = self._prefill_budget(self._slack(at, now))
                     if frames:
                         return [], {}, (self._prefills[0], frames)
                 self._wait(None if at is None else at - now)
+
+    def _slack(self, at: float | None, now: float) -> float | None:
+        """The time until the talking sessions' next step: until `at`, or (no step planned) until the next
+        frame a live session sending is due to push; None when none is."""
+        if at is not None:
+            return at - now
+        due = [inbox.last_arrival + self.frame_s for inbox in self._inboxes.values()
+               if inbox.live and sending(inbox, now, self.frame_s) and inbox.last_arrival is not None]
+        return max(0.0, min(due) - now) if due else None
 
     def _prefill_budget(self, slack_s: float | None) -> int:
         """Prompt frames that fit in `slack_s` (None: the engine is idle) at the latest measured cost."""
         cost = self._prefill_frame_s
         if slack_s is None:
             return PREFILL_CHUNK
-        if cost == 0.0:  # the first frame measures the cost: in a good half of a frame's slack
+        if cost == 0.0:  # the first frame measures the cost, in a good half of a frame's slack
             return 1 if slack_s >= self.frame_s / 2 else 0
-        return min(PREFILL_CHUNK, int(slack_s / (cost * PREFILL_MARGIN)))
+        frames = min(PREFILL_CHUNK, int(slack_s / (cost * PREFILL_MARGIN)))
+        if not frames and slack_s >= self.frame_s / 2:
+            # a cost once measured high (a slow part: the OS, a collection) is not trusted for good: it fades
+            # until a frame fits, and that frame measures it again
+            self._prefill_frame_s = cost * PREFILL_COST_FADE
+        return frames
 
     def _prefill(self, entry: _Prefill, frames: int) -> None:
         """Step the first waiting slot through the next `frames` of its prompt; its handle goes out at the end."""
@@ -370,7 +386,9 @@ class EngineRunner:
             handle.release()
             entry.done.set_exception(exc)
             return
-        self._prefill_frame_s = (time.perf_counter() - started) / (end - begin)
+        cost = (time.perf_counter() - started) / (end - begin)
+        previous = self._prefill_frame_s
+        self._prefill_frame_s = cost if previous == 0.0 else previous + PREFILL_COST_GAIN * (cost - previous)
         entry.stepped = end
         if end == len(entry.frames):
             self._prefills.popleft()
