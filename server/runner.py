@@ -118,6 +118,7 @@ class SessionRunner:
         self.outbox: DropOldestQueue[Message] = DropOldestQueue(self.settings.send_queue_messages)
         self.carrier: Carrier | None = None
         self.ended = asyncio.Event()
+        self.closing = False  # the session's end has begun
         self._recorder: SessionRecorder | None = None
         self._dropped_out = 0
         self._stop: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -216,6 +217,7 @@ class SessionRunner:
             await self._hang_up(1011, "internal error")
         finally:
             self._group = None
+            self.closing = True  # a sideband attaching from now on is ended at once
             await tandem.aclose()
             await carrier.aclose()
             metrics.active_sessions.dec()

@@ -249,15 +249,18 @@ def test_the_runner_prefills_a_persona_between_the_steps_of_a_talking_session(fr
 def test_a_prompt_is_stepped_only_where_it_fits_before_the_next_step():
     """The runner's rule for a persona's prompt: while sessions talk, only the prompt frames whose measured cost
     (with a margin) fits in the time left before their next step; the first, to measure it, in half a frame's
-    slack; all of a chunk while the engine is idle."""
+    slack; while the engine is idle, half a frame's worth (a session may come); a cost measured high fades; an
+    engine with no slack at all still steps a frame a second (the prompt goes on, the session does not wait
+    forever)."""
     from types import SimpleNamespace
 
-    from kame.frontend.runner import PREFILL_CHUNK, PREFILL_MARGIN, EngineRunner
+    from kame.frontend.runner import PREFILL_CHUNK, PREFILL_MARGIN, PREFILL_STARVED_S, EngineRunner
 
     runner = EngineRunner(SimpleNamespace(), frame_s=0.08)
-    assert runner._prefill_budget(None) == PREFILL_CHUNK  # idle
+    assert runner._prefill_budget(None) == 1  # idle, cost not measured: one frame measures it
     assert runner._prefill_budget(0.03) == 0 and runner._prefill_budget(0.05) == 1  # not measured yet
     runner._prefill_frame_s = 0.01
+    assert runner._prefill_budget(None) == int(0.04 / (0.01 * PREFILL_MARGIN))  # idle: half a frame's worth
     assert runner._prefill_budget(0.01 * PREFILL_MARGIN * 3 + 1e-6) == 3
     assert runner._prefill_budget(0.01) == 0  # one frame, but not with its margin
     assert runner._prefill_budget(10.0) == PREFILL_CHUNK
@@ -266,6 +269,11 @@ def test_a_prompt_is_stepped_only_where_it_fits_before_the_next_step():
     while runner._prefill_budget(0.06) == 0:
         fades += 1
     assert fades == 5 and runner._prefill_frame_s <= 0.06 / PREFILL_MARGIN  # 0.05 x 0.9^5
+    runner._prefill_frame_s = 0.01  # steps that leave no slack: a frame after PREFILL_STARVED_S without one
+    assert runner._prefill_budget(0.005, now=100.0) == 0
+    assert runner._prefill_budget(0.005, now=100.0 + PREFILL_STARVED_S / 2) == 0
+    assert runner._prefill_budget(0.005, now=100.0 + PREFILL_STARVED_S) == 1
+    assert runner._prefill_budget(0.005, now=100.0 + PREFILL_STARVED_S + 0.1) == 0  # and the wait starts again
 
 
 def test_a_persona_session_over_api_chat_beside_a_plain_one(tmp_path, caplog):
@@ -324,3 +332,16 @@ def test_a_front_end_without_a_persona_says_so():
     assert persona_prompt(plain, None) == [] and persona_prompt(plain, "  ") == []
     with pytest.raises(SessionError, match="takes no persona"):
         persona_prompt(plain, "You are a pirate.")
+
+
+def test_kame_is_trained_on_a_personaplex_base_with_an_oracle_of_its_own(tmp_path):
+    """A PersonaPlex base has no oracle table: training KAME's oracle on it starts one as a copy of text_emb."""
+    from kame.training.train import build_model
+
+    base = load_frontend(str(checkpoint(tmp_path / "repo", REFERENCE["lm_kwargs"])), device="cpu",
+                         dtype=torch.float32)
+    assert base.oracle_emb is None
+    model = build_model(base, lora_rank=None)
+    assert base.oracle_emb is not None and base.oracle_emb.weight.requires_grad
+    torch.testing.assert_close(base.oracle_emb.weight, base.lm.text_emb.weight)
+    assert any(parameter is base.oracle_emb.weight for parameter in model.parameters())

@@ -320,10 +320,19 @@ def test_a_call_the_realtime_call_control_accepted_runs_the_realtime_api_on_its_
         call.carrier.steer(json.dumps({"type": "session.update", "session": {"instructions": "Be brief."}}), watching)
         call.carrier.steer(json.dumps({"type": "input_audio_buffer.commit", "event_id": "ev1"}), watching)
         call.carrier.steer(json.dumps({"type": "transport.dtmf.send", "event": "x", "event_id": "ev2"}), watching)
+        heard = call.tandem.heard_samples
+        call.carrier.steer(json.dumps({"type": "input_audio_buffer.append", "audio": "AAAA", "event_id": "ev3"}),
+                           watching)  # the caller's line is the input: a sideband appends none
+        assert call.tandem.heard_samples == heard
+        call.tandem.emit(*[AssistantText(20 + i, " word") for i in range(80)])  # more events than a replay holds
+        await settle()
+        late = call.carrier.replayed()  # what a sideband attaching now gets first
         await call.end()
-        return call, replayed, watching, other, line
+        return call, replayed, watching, other, line, late
 
-    call, replayed, watching, other, line = asyncio.run(go())
+    call, replayed, watching, other, line, late = asyncio.run(go())
+    assert [e["type"] for e in late[:2]] == ["session.created", "session.updated"] and len(late) > 64
+    assert late[1]["session"]["instructions"] == "Be brief."  # the latest configuration
     assert [e["type"] for e in replayed] == ["session.created", "session.updated"]
     session = REALTIME_EVENT.validate_python(replayed[1]).session
     assert session.instructions == "You answer the phone."
@@ -341,6 +350,7 @@ def test_a_call_the_realtime_call_control_accepted_runs_the_realtime_api_on_its_
     assert updated == ["Be brief."]
     errors = [e.error for e in typed if e.type == "error"]
     # with server VAD the server commits; a media stream's line cannot press keys (a SIP call's can)
-    assert [(e.event_id, e.code) for e in errors] == [("ev1", "invalid_request"), ("ev2", "unsupported")]
+    assert [(e.event_id, e.code) for e in errors] == [("ev1", "invalid_request"), ("ev2", "unsupported"),
+                                                      ("ev3", "invalid_request")]
     assert "error" not in other.types() and "session.updated" in other.types()
     assert watching.ended and other.ended  # the call's end ends its sidebands

@@ -319,9 +319,10 @@ def test_reject_gives_the_caller_its_status(hooked, question_wav, tmp_path):
     refusals: list[str] = []
 
     def accept_badly_then_reject(event) -> None:
-        with pytest.raises(openai.BadRequestError) as refused:
-            hooked.sdk.realtime.calls.accept(event.data.call_id, type="realtime", instructions=["not", "text"])
-        refusals.append(str(refused.value))
+        for bad in ({"instructions": ["not", "text"]}, {"extra_body": {"kame": {"backend": "nowhere"}}}):
+            with pytest.raises(openai.BadRequestError) as refused:
+                hooked.sdk.realtime.calls.accept(event.data.call_id, type="realtime", **bad)
+            refusals.append(str(refused.value))
         hooked.sdk.realtime.calls.reject(event.data.call_id, status_code=486)
 
     receiver = hooked.receiver.reset(accept_badly_then_reject)
@@ -330,7 +331,7 @@ def test_reject_gives_the_caller_its_status(hooked, question_wav, tmp_path):
         closed = alice.wait_for("CALL_CLOSED")
         assert "486" in closed.get("param", ""), closed
     assert not receiver.errors, receiver.errors
-    assert len(refusals) == 1 and "instructions" in refusals[0], refusals
+    assert len(refusals) == 2 and "instructions" in refusals[0] and "nowhere" in refusals[1], refusals
     assert free_slots(hooked.services) == SLOTS
 
 

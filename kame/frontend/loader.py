@@ -341,6 +341,11 @@ def _oracle_embedding(
     return emb.eval().requires_grad_(False)
 
 
+def oracle_from_text_emb(lm: LMModel) -> nn.Embedding:
+    """A new oracle table for an LM that has none (a PersonaPlex base KAME is trained on): `text_emb`'s copy."""
+    return _oracle_embedding(lm, None, "a base without one", lm.device, lm.dtype)
+
+
 def _check_oracle_shape(lm: LMModel, shape: tuple[int, ...], path: Path | str) -> None:
     if shape != (lm.text_card + 1, lm.dim):
         raise FrontendLoadError(

@@ -71,7 +71,11 @@ def persona_prompt(frontend, text: str | None) -> list[PromptFrame]:
     front-end takes none: only a PersonaPlex-layout checkpoint was trained with one."""
     if not text or not text.strip():
         return []
-    if not getattr(frontend.lm, "predicted_q", None):
+    lm = getattr(frontend, "lm", None)
+    if lm is None:  # the engine runs in another process (kame serve --fronts)
+        raise SessionError("a persona's prompt is not prefilled over a remote engine yet: serve persona "
+                           "sessions from one process (kame serve without --fronts)")
+    if not getattr(lm, "predicted_q", None):
         raise SessionError(f"the front-end {frontend.source or 'in use'} takes no persona (a role text): "
                            "PersonaPlex-layout checkpoints (nvidia/personaplex-7b-v1) do")
     return prompt_frames(Persona(text), frontend.tokenizer)

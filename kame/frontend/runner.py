@@ -58,6 +58,7 @@ PREFILL_CHUNK = 16  # prompt frames stepped at most at once, between two steps o
 PREFILL_MARGIN = 2.0  # a chunk is stepped only where this many times its expected cost fits before the next step
 PREFILL_COST_GAIN = 0.3  # of each part's measured cost a frame, into the estimate
 PREFILL_COST_FADE = 0.9  # an estimate that lets no frame into half a frame's slack, times this each time
+PREFILL_STARVED_S = 1.0  # an engine with no slack still steps a prompt frame this often
 
 
 @dataclass
@@ -127,6 +128,7 @@ class EngineRunner:
         self._overrun_logged_at: float | None = None
         self._prefills: deque[_Prefill] = deque()  # slots acquired with a prompt, stepped through it in slack
         self._prefill_frame_s = 0.0  # the latest cost of one prompt frame (0: not measured yet)
+        self._prefill_waiting_since: float | None = None  # a prompt got no frame in since then
 
     @property
     def steps(self) -> int:
@@ -215,7 +217,7 @@ class EngineRunner:
             return handle
 
         def failed(acquired: concurrent.futures.Future) -> None:
-            if acquired.exception() is not None:
+            if acquired.exception() is not None and done.set_running_or_notify_cancel():
                 done.set_exception(acquired.exception())
 
         self._call(acquire_then_prefill).add_done_callback(failed)
@@ -228,6 +230,8 @@ class EngineRunner:
         try:
             return await asyncio.shield(asyncio.wrap_future(future))
         except asyncio.CancelledError:
+            if prompt:  # a prompt not stepped yet is dropped (the runner gives its slot back)
+                future.cancel()
             future.add_done_callback(release_if_acquired)  # a caller gone meanwhile gives the slot back
             raise
 
@@ -327,7 +331,8 @@ class EngineRunner:
         while self._prefills:
             entry = self._prefills.popleft()
             entry.handle.release()
-            entry.done.set_exception(EngineError("the engine runner stopped"))
+            if entry.done.set_running_or_notify_cancel():
+                entry.done.set_exception(EngineError("the engine runner stopped"))
 
     def _next_work(self):
         """(commands, batch) to run next, or None to stop: commands go first, but a batch the policy was
@@ -345,9 +350,12 @@ class EngineRunner:
                 if at is not None and at <= now:
                     return [], self._take_batch(), None
                 if self._prefills:  # the time until the next step: a prompt's frames, if some fit in it
-                    frames = self._prefill_budget(self._slack(at, now))
+                    slack = self._slack(at, now)
+                    frames = self._prefill_budget(slack, now)
                     if frames:
                         return [], {}, (self._prefills[0], frames)
+                    if at is None:  # a talking session may stop sending: look again within half a frame
+                        at = now + min(self.frame_s / 2, slack if slack is not None else self.frame_s / 2)
                 self._wait(None if at is None else at - now)
 
     def _slack(self, at: float | None, now: float) -> float | None:
@@ -359,14 +367,28 @@ class EngineRunner:
                if inbox.live and sending(inbox, now, self.frame_s) and inbox.last_arrival is not None]
         return max(0.0, min(due) - now) if due else None
 
-    def _prefill_budget(self, slack_s: float | None) -> int:
-        """Prompt frames that fit in `slack_s` (None: the engine is idle) at the latest measured cost."""
+    def _prefill_budget(self, slack_s: float | None, now: float | None = None) -> int:
+        """Prompt frames that fit in `slack_s` (None: the engine is idle: half a frame's worth) at the measured
+        cost. An engine with no slack at all (its steps longer than half a frame) still gets a frame in after
+        PREFILL_STARVED_S without one: the prompt goes on, slowly, rather than the session waiting forever."""
+        frames = self._fitting(self.frame_s / 2 if slack_s is None else slack_s, slack_s is None)
+        if frames or now is None:
+            self._prefill_waiting_since = None if frames else self._prefill_waiting_since
+            return frames
+        if self._prefill_waiting_since is None:
+            self._prefill_waiting_since = now
+        elif now - self._prefill_waiting_since >= PREFILL_STARVED_S:
+            self._prefill_waiting_since = None
+            return 1
+        return 0
+
+    def _fitting(self, slack_s: float, idle: bool) -> int:
         cost = self._prefill_frame_s
-        if slack_s is None:
-            return PREFILL_CHUNK
         if cost == 0.0:  # the first frame measures the cost, in a good half of a frame's slack
-            return 1 if slack_s >= self.frame_s / 2 else 0
+            return 1 if idle or slack_s >= self.frame_s / 2 else 0
         frames = min(PREFILL_CHUNK, int(slack_s / (cost * PREFILL_MARGIN)))
+        if idle:
+            return max(frames, 1)
         if not frames and slack_s >= self.frame_s / 2:
             # a cost once measured high (a slow part: the OS, a collection) is not trusted for good: it fades
             # until a frame fits, and that frame measures it again
@@ -376,6 +398,10 @@ class EngineRunner:
     def _prefill(self, entry: _Prefill, frames: int) -> None:
         """Step the first waiting slot through the next `frames` of its prompt; its handle goes out at the end."""
         handle, begin = entry.handle, entry.stepped
+        if entry.done.cancelled():  # its caller gave up: the slot goes back, the prompt is not stepped
+            self._prefills.popleft()
+            handle.release()
+            return
         end = min(len(entry.frames), begin + frames)
         started = time.perf_counter()
         try:
@@ -384,7 +410,8 @@ class EngineRunner:
             logger.exception("prefilling slot %d failed", handle.slot)
             self._prefills.popleft()
             handle.release()
-            entry.done.set_exception(exc)
+            if entry.done.set_running_or_notify_cancel():
+                entry.done.set_exception(exc)
             return
         cost = (time.perf_counter() - started) / (end - begin)
         previous = self._prefill_frame_s
@@ -393,7 +420,10 @@ class EngineRunner:
         if end == len(entry.frames):
             self._prefills.popleft()
             logger.info("slot %d: a persona's prompt of %d frames prefilled", handle.slot, end)
-            entry.done.set_result(handle)
+            if entry.done.set_running_or_notify_cancel():
+                entry.done.set_result(handle)
+            else:  # its caller gave up meanwhile
+                handle.release()
 
     def _count_overrun(self, elapsed: float) -> None:
         """A step longer than a frame: the engine is behind real time; it warns once a minute at most."""

@@ -25,7 +25,7 @@ from moshi.utils.compile import no_compile
 from torch import nn
 
 from kame.errors import KameError
-from kame.frontend.loader import Frontend, load_frontend, resolve_device
+from kame.frontend.loader import Frontend, load_frontend, oracle_from_text_emb, resolve_device
 from kame.training import checkpoints
 from kame.training.augment import augmented_stream, stream_of
 from kame.training.checkpoints import RunConfig
@@ -128,6 +128,8 @@ def rank_device(device: str, r: Ranks) -> torch.device:
 def build_model(frontend: Frontend, lora_rank: int | None, train_audio: bool = True) -> nn.Module:
     """The trainable module: the base's LM + oracle embedding, LoRA-wrapped when asked; without
     `train_audio` the depformer and audio heads are frozen (a text-only run leaves them as they are)."""
+    if frontend.oracle_emb is None:  # a base that takes no oracle (PersonaPlex's): KAME's starts as text_emb
+        frontend.oracle_emb = oracle_from_text_emb(frontend.lm)
     frontend.oracle_emb.float()
     model: nn.Module = OracleLM(frontend.lm, frontend.oracle_emb)
     model.train().requires_grad_(True)

@@ -76,6 +76,8 @@ async def serve(ws: WebSocket, lookup, missing: str, access: AccessControl, capa
     for event in live.carrier.replayed():
         band.put(event, False)
     live.carrier.sidebands.add(band)
+    if getattr(live, "closing", False):  # it ended while this one was being accepted: nothing more will come
+        band.end()
     logger.info("session %s: a sideband attached", session_id)
     tasks = [asyncio.create_task(_read(ws, live, band), name=f"sideband-{session_id}-read"),
              asyncio.create_task(_write(ws, band), name=f"sideband-{session_id}-write"),

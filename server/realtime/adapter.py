@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 from collections.abc import Coroutine
@@ -61,7 +62,8 @@ class RealtimeCarrier:
         self.to_client = to_client
         self.sidebands: set = set()  # server/live/sideband.py's Sidebands watching a call's session
         self.replay: collections.deque[dict] = collections.deque(maxlen=REPLAY_EVENTS)  # for one attaching
-        self._snapshot: dict | None = None  # the call's latest session.created or .updated
+        self._created: dict | None = None  # the call's session.created ...
+        self._snapshot: dict | None = None  # ... and its latest session.updated
         self._calls: dict[str, asyncio.Future[str]] = {}  # function calls waiting for the client's output
         self._timer = DeadlineTimer(self.clock, self.mapping.wake_at, self._on_time, f"session {runner.id}")
 
@@ -97,14 +99,21 @@ class RealtimeCarrier:
     # ---------------------------------------------------------------- a call's sidebands
 
     def replayed(self) -> list[dict]:
-        """What a sideband gets on attaching: the session's latest configuration (session.created or .updated)
-        even when it is older than the recent events, then those."""
+        """What a sideband gets on attaching: the session's session.created and latest session.updated, even
+        when they are older than the recent events, then those."""
         recent = list(self.replay)
-        return recent if self._snapshot is None or self._snapshot in recent else [self._snapshot, *recent]
+        older = [event for event in (self._created, self._snapshot) if event is not None and event not in recent]
+        return [*older, *recent]
 
     def steer(self, text: str | None, sideband) -> None:
-        """A sideband's event: it acts on the session as a client's would; an error goes to it alone."""
+        """A sideband's event: it acts on the session as a client's would (the caller's line is the input
+        audio: a sideband appends none); an error goes to it alone."""
         try:
+            kind, event_id = _event_type(text) if text is not None and len(text) <= self.mapping.facts.max_event_bytes \
+                else (None, None)
+            if kind == "input_audio_buffer.append":
+                raise RealtimeError("invalid_request", "a call's sideband sends no audio: the caller's line is "
+                                    "the session's input", "type", event_id if isinstance(event_id, str) else None)
             self.mapping.on_client(text, self.clock.now())
         except RealtimeError as exc:
             self.carry_out()  # what the event did before it failed is everyone's
@@ -150,7 +159,9 @@ class RealtimeCarrier:
             return  # a socket's own session: no sideband attaches to it
         if not droppable:
             self.replay.append(event)
-            if event["type"] in ("session.created", "session.updated"):
+            if event["type"] == "session.created":
+                self._created = event
+            elif event["type"] == "session.updated":
                 self._snapshot = event
         for sideband in self.sidebands:
             sideband.put(event, droppable)
@@ -189,3 +200,11 @@ class RealtimeCarrier:
         finally:
             self._calls.pop(call_id, None)
             self.mapping.call_ended(call_id, answered)
+
+
+def _event_type(text: str) -> tuple[object, object]:
+    """A sideband event's `type` and `event_id` (None where it has none: the mapping refuses it as usual)."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
+        event = json.loads(text)
+        return event.get("type"), event.get("event_id")
+    return None, None

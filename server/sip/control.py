@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from types import SimpleNamespace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -14,7 +15,9 @@ from pydantic import ValidationError
 from server.access import AccessControl
 from server.http_errors import error_response
 from server.live.sideband import protocol
-from server.realtime.client_events import SessionConfigIn, invalid
+from server.realtime.adapter import realtime_facts
+from server.realtime.client_events import RealtimeError, SessionConfigIn, invalid
+from server.realtime.config import RealtimeConfig
 from server.runner import SessionRunner
 from server.sip.door import ControlError, SipDoor, session_params
 
@@ -86,21 +89,46 @@ async def sip_transport_create(request: Request, door: SipDoor | None, access: A
 def realtime_call(door: SipDoor | None, call_id: str) -> SessionRunner | None:
     """The session of the answered SIP call `call_id` that the Realtime call control accepted: its sideband's."""
     call = door.calls.get(call_id) if door is not None else None
-    if call is None or call.runner is None or call.sip.state == "ended":
+    if call is None or call.runner is None or call.sip.state == "ended" or getattr(call.runner, "closing", False):
         return None
     return call.runner if protocol(call.runner.carrier) == "realtime" else None
+
+
+def realtime_session(door: SipDoor, body: dict, params: dict[str, str]) -> dict:
+    """The Realtime session a call's accept asks for, checked as the session will apply it (a session.update
+    on the server's defaults): ControlError 400 naming the field it cannot take, before the call is answered.
+    Its `model`, where a backend profile is or serves it, is the session's LLM (as GPT-Live's accept)."""
+    if door.state.services is None:
+        raise ControlError(503, "server_busy", "the server is not taking calls now")
+    runtime = door.state.services.runtime
+    session = dict(body)
+    llm = params.get("llm")
+    kame = session.get("kame") if isinstance(session.get("kame"), dict) else {}
+    if llm and "backend" not in kame:
+        named = llm if llm in runtime.profiles else next(
+            (name for name, profile in runtime.profiles.items() if profile.model == llm), None)
+        if named is not None:
+            session["kame"] = {**kame, "backend": named}
+    runner = SimpleNamespace(id="accept", settings=door.settings, services=door.state.services)
+    facts = realtime_facts(runner, SimpleNamespace(backend=runtime.default_profile, system_prompt=None))
+    try:
+        config = SessionConfigIn.model_validate(session)
+        RealtimeConfig.initial(session.get("model") or "", facts).updated(config, facts)
+    except ValidationError as exc:
+        raise ControlError(400, "invalid_value", str(invalid(exc, prefix=("session",)))) from None
+    except RealtimeError as exc:
+        raise ControlError(400, exc.code, str(exc)) from None
+    return session
 
 
 async def _act(sip: SipDoor, kind: str, action: str, call_id: str, body: dict) -> None:
     if action == "accept":
         if kind == "realtime" and body.get("type") not in ("realtime", None):
             raise ControlError(400, "invalid_value", "a Realtime call is accepted with a session of type 'realtime'")
-        if kind == "realtime":
-            try:  # the session runs it as a session.update: a field it cannot take is refused before the answer
-                SessionConfigIn.model_validate(body)
-            except ValidationError as exc:
-                raise ControlError(400, "invalid_value", str(invalid(exc))) from None
-        await sip.accept(call_id, kind, session_params(kind, body), body if kind == "realtime" else None)
+        sip.find(call_id)  # an unknown call is 404 whatever its body
+        params = session_params(kind, body)
+        realtime = realtime_session(sip, body, params) if kind == "realtime" else None
+        await sip.accept(call_id, kind, params, realtime)
     elif action == "reject":
         status = body.get("status_code", 603 if kind == "realtime" else None)
         if not isinstance(status, int):
