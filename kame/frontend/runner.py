@@ -354,8 +354,8 @@ class EngineRunner:
                     frames = self._prefill_budget(slack, now)
                     if frames:
                         return [], {}, (self._prefills[0], frames)
-                    if at is None:  # a talking session may stop sending: look again within half a frame
-                        at = now + min(self.frame_s / 2, slack if slack is not None else self.frame_s / 2)
+                    if at is None:  # a talking session may stop sending: look again a frame after its due one
+                        at = now + (slack if slack is not None else 0.0) + self.frame_s
                 self._wait(None if at is None else at - now)
 
     def _slack(self, at: float | None, now: float) -> float | None:
