@@ -257,16 +257,16 @@ def test_a_prompt_is_stepped_only_where_it_fits_before_the_next_step():
     from kame.frontend.runner import PREFILL_CHUNK, PREFILL_MARGIN, PREFILL_STARVED_S, EngineRunner
 
     runner = EngineRunner(SimpleNamespace(), frame_s=0.08)
-    assert runner._prefill_budget(None) == 1  # idle, cost not measured: one frame measures it
-    assert runner._prefill_budget(0.03) == 0 and runner._prefill_budget(0.05) == 1  # not measured yet
+    assert runner._prefill_budget(None, now=0.0) == 1  # idle, cost not measured: one frame measures it
+    assert runner._prefill_budget(0.03, now=0.0) == 0 and runner._prefill_budget(0.05, now=0.0) == 1  # not measured yet
     runner._prefill_frame_s = 0.01
-    assert runner._prefill_budget(None) == int(0.04 / (0.01 * PREFILL_MARGIN))  # idle: half a frame's worth
-    assert runner._prefill_budget(0.01 * PREFILL_MARGIN * 3 + 1e-6) == 3
-    assert runner._prefill_budget(0.01) == 0  # one frame, but not with its margin
-    assert runner._prefill_budget(10.0) == PREFILL_CHUNK
+    assert runner._prefill_budget(None, now=0.0) == int(0.04 / (0.01 * PREFILL_MARGIN))  # idle: half a frame's worth
+    assert runner._prefill_budget(0.01 * PREFILL_MARGIN * 3 + 1e-6, now=0.0) == 3
+    assert runner._prefill_budget(0.01, now=0.0) == 0  # one frame, but not with its margin
+    assert runner._prefill_budget(10.0, now=0.0) == PREFILL_CHUNK
     runner._prefill_frame_s = 0.05  # measured high once: in half a frame's slack it fades until a frame fits
     fades = 0
-    while runner._prefill_budget(0.06) == 0:
+    while runner._prefill_budget(0.06, now=0.0) == 0:
         fades += 1
     assert fades == 5 and runner._prefill_frame_s <= 0.06 / PREFILL_MARGIN  # 0.05 x 0.9^5
     runner._prefill_frame_s = 0.01  # steps that leave no slack: a frame after PREFILL_STARVED_S without one

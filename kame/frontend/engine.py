@@ -80,8 +80,6 @@ class BatchedEngine:
             raise EngineError("batch_size must be at least 1")
         if frontend.lm.dep_q == 0:
             raise EngineError(f"{frontend.source} generates no speech (a speech-to-text model)")
-        # None: a checkpoint that takes no oracle (PersonaPlex's): it runs as its reference, nothing added
-        self.oracle_emb = frontend.oracle_emb
         self.frontend, self.batch_size = frontend, batch_size
         self.gen = gen or GenerationConfig.from_dict(frontend.lm_gen_config)
         self.device = frontend.device
@@ -316,20 +314,21 @@ class BatchedEngine:
         return tokens
 
     def oracle_condition(self, oracle: list[int]) -> torch.Tensor | None:
-        """The per-row sum added to the LM input: oracle embedding (+ the model's own condition); for a
-        front-end without an oracle, the model's own condition only (None: nothing)."""
-        if self.oracle_emb is None:
-            base = self._base_condition
-            return None if base is None else base[: len(oracle) * (2 if self.gen.cfg_coef != 1.0 else 1)]
-        ids = torch.tensor(oracle, dtype=torch.long, device=self.device)
-        condition = self.oracle_emb(ids)[:, None, :]  # [n, 1, dim]
-        if self.gen.cfg_coef != 1.0:
-            condition = condition.repeat(2, 1, 1)
-        if self._base_condition is not None:
-            base = self._base_condition
-            if base.shape[0] > 1 and base.shape[0] != condition.shape[0]:
-                base = base[: condition.shape[0]]
-            condition = condition + base.to(condition)
+        """The per-row sum added to the LM input: oracle embedding (+ the model's own condition). A front-end
+        without an oracle (PersonaPlex's checkpoints) gets its own condition only (None: nothing): it runs as
+        its reference does."""
+        rows = len(oracle) * (2 if self.gen.cfg_coef != 1.0 else 1)
+        condition = None
+        if self.frontend.oracle_emb is not None:
+            ids = torch.tensor(oracle, dtype=torch.long, device=self.device)
+            condition = self.frontend.oracle_emb(ids)[:, None, :]  # [n, 1, dim]
+            if self.gen.cfg_coef != 1.0:
+                condition = condition.repeat(2, 1, 1)
+        base = self._base_condition
+        if base is not None:
+            if base.shape[0] > 1 and base.shape[0] != rows:
+                base = base[:rows]
+            condition = base if condition is None else condition + base.to(condition)
         return condition
 
     def _decode(self, tokens: torch.Tensor, ready: torch.Tensor) -> torch.Tensor:

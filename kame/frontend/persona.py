@@ -9,7 +9,6 @@ Mimi codes (`SILENCE_CODES`, `SINE_CODES`: what the released Mimi makes of them)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kame.errors import SessionError
@@ -28,9 +27,6 @@ class Persona:
 
     text: str | None = None
     voice: tuple[tuple[int, ...], ...] = ()
-
-    def __bool__(self) -> bool:
-        return bool(self.text and self.text.strip()) or bool(self.voice)
 
 
 def wrap_system(text: str) -> str:
@@ -55,15 +51,6 @@ def prompt_frames(persona: Persona, tokenizer, silence_frames: int = SILENCE_FRA
             raise SessionError(f"the role text is {len(tokens)} tokens long; at most {MAX_TEXT_TOKENS}")
         frames += [PromptFrame(int(token), SILENCE_CODES, SINE_CODES) for token in tokens] + quiet
     return frames
-
-
-def check_voice(voice: Sequence[Sequence[int]], codebooks: int, card: int) -> tuple[tuple[int, ...], ...]:
-    """A voice prompt's codes as the front-end takes them, or SessionError saying what is wrong."""
-    codes = tuple(tuple(int(c) for c in frame) for frame in voice)
-    for frame in codes:
-        if len(frame) != codebooks or not all(0 <= c < card for c in frame):
-            raise SessionError(f"a voice prompt is frames of {codebooks} codes in [0, {card})")
-    return codes
 
 
 def persona_prompt(frontend, text: str | None) -> list[PromptFrame]:

@@ -367,13 +367,13 @@ class EngineRunner:
                if inbox.live and sending(inbox, now, self.frame_s) and inbox.last_arrival is not None]
         return max(0.0, min(due) - now) if due else None
 
-    def _prefill_budget(self, slack_s: float | None, now: float | None = None) -> int:
+    def _prefill_budget(self, slack_s: float | None, now: float) -> int:
         """Prompt frames that fit in `slack_s` (None: the engine is idle: half a frame's worth) at the measured
         cost. An engine with no slack at all (its steps longer than half a frame) still gets a frame in after
         PREFILL_STARVED_S without one: the prompt goes on, slowly, rather than the session waiting forever."""
         frames = self._fitting(self.frame_s / 2 if slack_s is None else slack_s, slack_s is None)
-        if frames or now is None:
-            self._prefill_waiting_since = None if frames else self._prefill_waiting_since
+        if frames:
+            self._prefill_waiting_since = None
             return frames
         if self._prefill_waiting_since is None:
             self._prefill_waiting_since = now

@@ -5,6 +5,7 @@ server (its profiles, its front-end), and the session resource echoed in `sessio
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from openai.types.live import SessionConfig, SessionUpdateConfig
@@ -231,12 +232,18 @@ def _tool_choice(choice: object, specs: list[ToolSpec]) -> str | dict | None:
                     "or one function.", param)
 
 
+def serving_profile(model: str | None, profiles: Mapping[str, str]) -> str | None:
+    """The backend profile a session's `model` names (`profiles`: profile -> its model): a profile's name, else a
+    profile serving that model; None for an unknown or missing one."""
+    if model in profiles:
+        return model
+    return next((name for name, served in profiles.items() if served == model), None)
+
+
 def _profile(model: str | None, facts: LiveFacts) -> tuple[str, str | None]:
-    """The backend profile `responses.model` names: a profile's name, else a profile serving that
-    model; an unknown or missing name gets the server's default (and says which, when one was named)."""
-    if model in facts.profiles:
-        return model, None
-    for name, served in facts.profiles.items():
-        if served == model:
-            return name, None
+    """The backend profile `responses.model` names; an unknown or missing name gets the server's default (and
+    says which, when one was named)."""
+    named = serving_profile(model, facts.profiles)
+    if named is not None:
+        return named, None
     return facts.default_profile, (model and facts.default_profile)

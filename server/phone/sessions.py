@@ -55,28 +55,14 @@ def live_session(params: dict[str, str], default_profile: str) -> SessionConfig:
                         f"{error['msg']}") from None
 
 
-class LiveCall:
-    """GPT-Live inside the call: what every carrier's call runs, and a SIP call GPT-Live's call control accepted."""
+class _CallSession:
+    """What both protocols' call sessions do alike: their carrier's (`LiveCarrier` or `RealtimeCarrier`) session
+    events, limits, tasks and sidebands, and GPT-Live's `transport.dtmf.sent` for a key pressed on the line."""
 
-    protocol = "live"
+    protocol = ""
 
-    def __init__(self, runner: SessionRunner, tandem: TandemSession, play: Play) -> None:
-        mapping = LiveMapping(live_facts(runner, tandem, "phone", False))
-        self.carrier = LiveCarrier(runner, tandem, mapping, play=play, permissions=NothingToTheCaller())
-        self.tandem, self.clock = tandem, runner.clock
-
-    def start(self, call_id: str, params: dict[str, str]) -> None:
-        mapping = self.carrier.mapping
-        default = mapping.facts.default_profile
-        try:
-            mapping.start(live_session(params, default), self.clock.now())
-        except LiveError as exc:  # a parameter this server cannot serve: the caller still gets an answer
-            logger.warning("call %s: %s; the call goes on with the server's defaults", call_id, exc)
-            mapping.start(live_session({}, default), self.clock.now())
-        self.carrier.carry_out()
-
-    def hear(self, pcm: np.ndarray) -> None:
-        self.carrier.hear(pcm)
+    def __init__(self, carrier, runner: SessionRunner, tandem: TandemSession) -> None:
+        self.carrier, self.tandem, self.clock = carrier, tandem, runner.clock
 
     async def on_event(self, event: SessionEvent) -> None:
         await self.carrier.on_event(event)
@@ -100,12 +86,38 @@ class LiveCall:
     def steer(self, text: str | None, sideband) -> None:
         self.carrier.steer(text, sideband)
 
-    def digit_received(self, digit: str) -> None:
-        self.carrier.mapping.outbox.emit("transport.dtmf.received", event=digit)
+    def digit_sent(self, digit: str, client_event_id: str | None) -> None:
+        """`transport.dtmf.sent` (GPT-Live's; the Realtime API has no event of its own for it, and a Realtime
+        call's sideband gets this one)."""
+        self.carrier.mapping.outbox.emit("transport.dtmf.sent", client_event_id=client_event_id, event=digit)
         self.carrier.carry_out()
 
-    def digit_sent(self, digit: str, client_event_id: str | None) -> None:
-        self.carrier.mapping.outbox.emit("transport.dtmf.sent", client_event_id=client_event_id, event=digit)
+
+class LiveCall(_CallSession):
+    """GPT-Live inside the call: what every carrier's call runs, and a SIP call GPT-Live's call control accepted."""
+
+    protocol = "live"
+
+    def __init__(self, runner: SessionRunner, tandem: TandemSession, play: Play) -> None:
+        mapping = LiveMapping(live_facts(runner, tandem, "phone", False))
+        super().__init__(LiveCarrier(runner, tandem, mapping, play=play, permissions=NothingToTheCaller()),
+                         runner, tandem)
+
+    def start(self, call_id: str, params: dict[str, str]) -> None:
+        mapping = self.carrier.mapping
+        default = mapping.facts.default_profile
+        try:
+            mapping.start(live_session(params, default), self.clock.now())
+        except LiveError as exc:  # a parameter this server cannot serve: the caller still gets an answer
+            logger.warning("call %s: %s; the call goes on with the server's defaults", call_id, exc)
+            mapping.start(live_session({}, default), self.clock.now())
+        self.carrier.carry_out()
+
+    def hear(self, pcm: np.ndarray) -> None:
+        self.carrier.hear(pcm)
+
+    def digit_received(self, digit: str) -> None:
+        self.carrier.mapping.outbox.emit("transport.dtmf.received", event=digit)
         self.carrier.carry_out()
 
     def refuse(self, sideband, code: str, message: str, param: str | None, client_event_id: str | None) -> None:
@@ -114,7 +126,7 @@ class LiveCall:
         sideband.put(self.carrier.mapping.outbox.error_event(error), False)
 
 
-class RealtimeCall:
+class RealtimeCall(_CallSession):
     """The Realtime API inside a SIP call its call control accepted: the session configured by the accept's body
     (a Realtime session, as `session.update` takes it), the caller's audio as the input audio buffer, the
     responses' audio played on the line (no `response.output_audio.delta`: the call carries it), its events
@@ -124,9 +136,9 @@ class RealtimeCall:
 
     def __init__(self, runner: SessionRunner, tandem: TandemSession, play: Play, session: dict) -> None:
         model = session.get("model") if isinstance(session.get("model"), str) else ""
-        self.carrier = RealtimeCarrier(runner, tandem, model, False, to_client=False)
+        super().__init__(RealtimeCarrier(runner, tandem, model, False, to_client=False), runner, tandem)
         self.carrier.mapping.speech.play = play
-        self.session, self.tandem, self.clock = session, tandem, runner.clock
+        self.session = session
 
     def start(self, call_id: str, params: dict[str, str]) -> None:
         mapping = self.carrier.mapping
@@ -142,41 +154,9 @@ class RealtimeCall:
         self.carrier.mapping.hear(pcm)
         self.carrier.carry_out()
 
-    async def on_event(self, event: SessionEvent) -> None:
-        await self.carrier.on_event(event)
-
-    def report(self, code: str, message: str) -> None:
-        self.carrier.report(code, message)
-
-    def tasks(self) -> list[Coroutine]:
-        return self.carrier.tasks()
-
-    async def aclose(self) -> None:
-        await self.carrier.aclose()
-
-    @property
-    def sidebands(self) -> set:
-        return self.carrier.sidebands
-
-    def replayed(self) -> list[dict]:
-        return self.carrier.replayed()
-
-    def steer(self, text: str | None, sideband) -> None:
-        self.carrier.steer(text, sideband)
-
     def digit_received(self, digit: str) -> None:
         self.carrier.mapping.digit(digit)
         self.carrier.carry_out()
 
-    def digit_sent(self, digit: str, client_event_id: str | None) -> None:
-        """GPT-Live's `transport.dtmf.sent`, which the Realtime API has no event for, answers its
-        `transport.dtmf.send` on a Realtime call's sideband too."""
-        self.carrier.mapping.outbox.emit("transport.dtmf.sent", client_event_id=client_event_id, event=digit)
-        self.carrier.carry_out()
-
     def refuse(self, sideband, code: str, message: str, param: str | None, client_event_id: str | None) -> None:
-        mapping = self.carrier.mapping
-        self.carrier.carry_out()
-        mapping.outbox.error(code, message, param, client_event_id)
-        for action in mapping.take():
-            sideband.put(action.event, False)
+        self.carrier.refuse_to(sideband, RealtimeError(code, message, param, client_event_id))

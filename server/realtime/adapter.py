@@ -109,20 +109,24 @@ class RealtimeCarrier:
         """A sideband's event: it acts on the session as a client's would (the caller's line is the input
         audio: a sideband appends none); an error goes to it alone."""
         try:
-            kind, event_id = _event_type(text) if text is not None and len(text) <= self.mapping.facts.max_event_bytes \
-                else (None, None)
+            kind, event_id = _event_type(text, self.mapping.facts.max_event_bytes)
             if kind == "input_audio_buffer.append":
                 raise RealtimeError("invalid_request", "a call's sideband sends no audio: the caller's line is "
                                     "the session's input", "type", event_id if isinstance(event_id, str) else None)
             self.mapping.on_client(text, self.clock.now())
         except RealtimeError as exc:
-            self.carry_out()  # what the event did before it failed is everyone's
-            self.mapping.refuse(exc)
-            for action in self.mapping.take():
-                if isinstance(action, act.Send):
-                    sideband.put(action.event, False)
+            self.refuse_to(sideband, exc)
             return
         self.carry_out()
+
+    def refuse_to(self, sideband, exc: RealtimeError) -> None:
+        """A sideband's event refused: its error to that sideband alone (what the session had to send before
+        it is everyone's)."""
+        self.carry_out()
+        self.mapping.refuse(exc)
+        for action in self.mapping.take():
+            if isinstance(action, act.Send):
+                sideband.put(action.event, False)
 
     def _on_time(self, now: float) -> None:
         self.mapping.on_time(now)
@@ -202,9 +206,11 @@ class RealtimeCarrier:
             self.mapping.call_ended(call_id, answered)
 
 
-def _event_type(text: str) -> tuple[object, object]:
-    """A sideband event's `type` and `event_id` (None where it has none: the mapping refuses it as usual)."""
-    with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
-        event = json.loads(text)
-        return event.get("type"), event.get("event_id")
+def _event_type(text: str | None, limit_bytes: int) -> tuple[object, object]:
+    """A sideband event's `type` and `event_id` (None where it has none, or is over the limit: the mapping
+    refuses it as usual)."""
+    if text is not None and len(text) <= limit_bytes:
+        with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
+            event = json.loads(text)
+            return event.get("type"), event.get("event_id")
     return None, None

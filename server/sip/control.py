@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from server.access import AccessControl
 from server.http_errors import error_response
+from server.live.config import serving_profile
 from server.live.sideband import protocol
 from server.realtime.adapter import realtime_facts
 from server.realtime.client_events import RealtimeError, SessionConfigIn, invalid
@@ -105,8 +106,7 @@ def realtime_session(door: SipDoor, body: dict, params: dict[str, str]) -> dict:
     llm = params.get("llm")
     kame = session.get("kame") if isinstance(session.get("kame"), dict) else {}
     if llm and "backend" not in kame:
-        named = llm if llm in runtime.profiles else next(
-            (name for name, profile in runtime.profiles.items() if profile.model == llm), None)
+        named = serving_profile(llm, {name: profile.model for name, profile in runtime.profiles.items()})
         if named is not None:
             session["kame"] = {**kame, "backend": named}
     runner = SimpleNamespace(id="accept", settings=door.settings, services=door.state.services)
