@@ -21,7 +21,16 @@ from kame.testing.fakes import ScriptedAsr
 from kame.testing.openai_server import ScriptedOpenAIServer, ScriptedReply
 from server.settings import ProfileSettings
 
-from .server_harness import Recording, received_samples, record, running_server, stream_realtime, wait_until
+from .server_harness import (
+    Recording,
+    audio_accounted_for,
+    few_dropped,
+    received_samples,
+    record,
+    running_server,
+    stream_realtime,
+    wait_until,
+)
 
 SECOND = np.zeros(24000, np.float32)
 
@@ -42,8 +51,18 @@ async def finish(client: KameClient, task: asyncio.Task) -> None:
 
 
 async def audio_back(got: Recording, samples: int) -> None:
-    """Wait for the audio of what was sent, less the last two frames (the codecs' look-ahead, in flight)."""
+    """Wait for the audio of what was sent, less the last two frames (the codecs' look-ahead, in flight): every
+    frame's, for the tests that run alone (realtime)."""
     await wait_until(lambda: received_samples(got) >= samples - 2 * 1920, f"{samples} samples of audio back")
+
+
+async def served(got: Recording, samples: int) -> None:
+    """The session kept serving what was sent: each frame came back as audio or was reported dropped (a loaded
+    machine skips a lagging live session to live: by design, and told in the stats events), at most a quarter
+    of them dropped, less the last two frames in flight. For tests that share the machine with a worker."""
+    await wait_until(lambda: audio_accounted_for(got, samples), f"{samples} samples back or reported dropped")
+    dropped = got.of("stats")[-1].frames_dropped if got.of("stats") else 0
+    assert few_dropped(dropped, samples // 1920), f"{dropped} of {samples // 1920} frames dropped"
 
 
 async def stats_where(got: Recording, predicate, what: str, timeout_s: float = 10.0):
@@ -74,8 +93,8 @@ def test_bad_messages_get_errors_and_harm_no_one(caplog):
             await wait_until(lambda: len(events_of(bad_got, "error")) >= 11, "an error event for each bad message")
             await stream_realtime(bad, SECOND)  # the bad client still gets served
             await streaming
-            await audio_back(bad_got, 24000)
-            await audio_back(good_got, 3 * 24000)
+            await served(bad_got, 24000)
+            await served(good_got, 3 * 24000)
             await finish(bad, bad_task)
             await finish(good, good_task)
             return bad_got, good_got
@@ -212,7 +231,7 @@ def test_llm_faults_degrade_to_plain_moshi_and_open_the_circuit(caplog):
                     client, got, task = await open_recording(url)
                     await stream_realtime(client, np.zeros(24000 * 3, np.float32))
                     await wait_until(lambda got=got: llm_failed(got), "a failed LLM attempt")
-                    await audio_back(got, 3 * 24000)
+                    await served(got, 3 * 24000)  # audio never stopped
                     await finish(client, task)
                     results.append(got)
                 return results
@@ -222,7 +241,6 @@ def test_llm_faults_degrade_to_plain_moshi_and_open_the_circuit(caplog):
         llm.stop_thread()
     failed = [e for e in events_of(first, "llm") if e.phase == "failed"]
     assert failed and failed[0].error_kind == "server" and failed[0].retry_in_s > 0
-    assert sum(len(m.pcm) for m in first.audio) >= 3 * 24000 - 2 * 1920  # audio never stopped
     later = [e for e in events_of(second, "llm") if e.phase == "failed"]
     assert later and all(e.error_kind == "unavailable" for e in later)  # fail fast: circuit open
     assert len(llm.requests) == 2  # the dead backend was not hammered
