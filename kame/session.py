@@ -19,9 +19,10 @@ from typing import Literal
 
 import numpy as np
 
-from kame.asr import NoAsr
+from kame.asr import NoAsr, hears, open_stream_in
 from kame.asr.events import FinalTranscript
 from kame.asr.feed import AsrFeed
+from kame.backend.language import LanguageError, language_named
 from kame.backend.llm import LLMClient
 from kame.backend.planner import Planner
 from kame.clock import Clock, MonotonicClock
@@ -67,6 +68,13 @@ class TandemSession:
             self.sampling = runtime.engine.sampler.default.updated(config.sampling)
         except ValueError as exc:
             raise SessionError(str(exc)) from exc
+        try:  # its language: one the planner can think in and the ASR can hear, or no slot is taken
+            self.language = language_named(config.language, runtime.planner.language
+                                           or getattr(runtime.frontend, "language", "en"))
+        except LanguageError as exc:
+            raise SessionError(str(exc)) from exc
+        if config.asr and (why := hears(runtime.asr, self.language.code)):
+            raise SessionError(why)
         self._loop = asyncio.get_running_loop()
         self._outputs: asyncio.Queue[FrameOutput | BaseException] = asyncio.Queue()
         self._events = EventOutlet(observers, config.output_frames, self.id)
@@ -105,9 +113,9 @@ class TandemSession:
 
     def _start(self) -> None:
         runtime = self.runtime
-        stream = runtime.asr.open_stream() if self.config.asr else NoAsr().open_stream()
+        stream = open_stream_in(runtime.asr, self.language.code) if self.config.asr else NoAsr().open_stream()
         self._asr = AsrFeed(stream, self.clock, self.config.asr_stall_s, self._asr_failed, enabled=self.config.asr)
-        planner_config = runtime.planner
+        planner_config = dataclasses.replace(runtime.planner, language=self.language.code)
         if self.config.system_prompt is not None:
             planner_config = dataclasses.replace(planner_config, system_prompt=self.config.system_prompt)
         tools = ToolBox.of(runtime.session_tools(), spawn=self._spawn)

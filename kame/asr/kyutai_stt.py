@@ -162,6 +162,7 @@ class SttBatch:
 
 class KyutaiSttAsr:
     name = "kyutai-stt"
+    languages = ("en", "fr")  # kyutai/stt-1b-en_fr; it tells them apart itself
 
     def __init__(self, options: SttOptions = SttOptions()) -> None:
         self.options = options
@@ -238,6 +239,7 @@ class RemoteKyutaiStt:
     are the same `KyutaiSttStream`s, their frames go to the host's runner (`describe()` made `info`)."""
 
     name = "kyutai-stt"
+    languages = ("en", "fr")
 
     def __init__(self, runner, info: Mapping) -> None:
         import sentencepiece

@@ -43,6 +43,14 @@ BUNDLED_TINY_EN_SHA256 = {
 }
 
 
+def spaced(language: str | None) -> str:
+    """What goes between two stretches of transcript: a space, but in languages written without them."""
+    return "" if language in UNSPACED_LANGUAGES else " "
+
+
+UNSPACED_LANGUAGES = ("ja", "zh", "th", "lo", "my", "km", "bo")
+
+
 class AsrError(KameError):
     """The ASR model could not be resolved or loaded."""
 
@@ -137,15 +145,20 @@ class WhisperAsr:
             "float16" if device == "cuda" else "int8")
         location = resolve_model(options.model)
         self.model = load_model(location, device, compute)
+        # the languages it hears: a multilingual model any (None), an English-only one (tiny.en) English
+        self.languages: tuple[str, ...] | None = None if self.model.model.is_multilingual else ("en",)
         self.vad_session = silero_session()
         self.turn_model, why = load_turn_model(options.end_of_turn, options.smart_turn_model)
         logging.getLogger("faster_whisper").setLevel(logging.WARNING)  # it logs every decode at INFO
-        logger.info("ASR whisper: %s on %s (%s)", location, device, compute)
+        logger.info("ASR whisper: %s on %s (%s), %s", location, device, compute,
+                    "English only" if self.languages else "multilingual")
         (logger.info if self.turn_model or options.end_of_turn == "silence" else logger.warning)(
             "ASR whisper: the end of a turn: %s", why)
 
-    def open_stream(self) -> WhisperStream:
-        return WhisperStream(self)
+    per_stream_language = True  # each session's stream may hear its own language
+
+    def open_stream(self, language: str | None = None) -> WhisperStream:
+        return WhisperStream(self, language)
 
     def warm_up(self) -> None:
         """One VAD chunk and one decode of a second of quiet noise: the first ones cost the most."""
@@ -155,14 +168,15 @@ class WhisperAsr:
         if self.turn_model is not None:
             self.turn_model(noise)
 
-    def transcribe(self, pcm16: np.ndarray, prompt: str | None = None) -> str:
-        """The words of `pcm16`; `prompt`: the words said just before it (settled), for context."""
+    def transcribe(self, pcm16: np.ndarray, prompt: str | None = None, language: str | None = None) -> str:
+        """The words of `pcm16`; `prompt`: the words said just before it (settled), for context; `language`:
+        the one spoken (None: the options')."""
         segments, _ = self.model.transcribe(
-            pcm16, language=self.options.language, beam_size=1, best_of=1, temperature=0.0,
+            pcm16, language=language or self.options.language, beam_size=1, best_of=1, temperature=0.0,
             condition_on_previous_text=False, without_timestamps=True, vad_filter=False,
             initial_prompt=prompt or None,
         )
-        return " ".join(s.text.strip() for s in segments).strip()
+        return spaced(language or self.options.language).join(s.text.strip() for s in segments).strip()
 
     def close(self) -> None:
         self.model = None
@@ -171,8 +185,9 @@ class WhisperAsr:
 class WhisperStream(ThreadedStream):
     name = "whisper"
 
-    def __init__(self, asr: WhisperAsr) -> None:
+    def __init__(self, asr: WhisperAsr, language: str | None = None) -> None:
         self.asr, self.opt = asr, asr.options
+        self.language = language or asr.options.language
         self._resample = Resampler(SAMPLE_RATE, 16000)
         self._vad = StreamingVad(asr.vad_session)
         self._pending = np.zeros(0, dtype=np.float32)  # 16 kHz samples not yet through the VAD
@@ -234,8 +249,8 @@ class WhisperStream(ThreadedStream):
         """The utterance's words: the settled ones and those of the audio after them, decoded now."""
         if not self._fresh_speech:
             return self._settled
-        fresh = self.asr.transcribe(np.concatenate(self._utterance[self._fresh:]), self._settled)
-        return f"{self._settled} {fresh}".strip()
+        fresh = self.asr.transcribe(np.concatenate(self._utterance[self._fresh:]), self._settled, self.language)
+        return spaced(self.language).join((self._settled, fresh)).strip()
 
     def _settle(self) -> None:
         """The speech paused: the words so far go out settled, and the next decodes start after them."""
@@ -249,7 +264,8 @@ class WhisperStream(ThreadedStream):
             return
         # the whole utterance decoded once more: a fragment settled at a pause was heard without what came
         # after it ("so what is that? capital"); its words went out already, the final is what the LLM reads
-        text = self._text() if not self._fresh else self.asr.transcribe(np.concatenate(self._utterance))
+        text = self._text() if not self._fresh else self.asr.transcribe(np.concatenate(self._utterance),
+                                                                         language=self.language)
         if text:
             self._emit(FinalTranscript(text, self._utterance_start / RATE, self._heard / RATE))
         self._utterance, self._preroll, self._settled = None, [], ""

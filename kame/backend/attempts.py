@@ -9,8 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kame.backend.language import ENGLISH, Language
 from kame.clock import Clock
-from kame.frontend.oracle import OracleOp, OracleUpdate, TextTokenizer, tokenize_words
+from kame.frontend.oracle import OracleOp, OracleUpdate, TextTokenizer
 from kame.session_events import KnowledgeRetrieval, LLMAttempt, ToolCallEvent
 from kame.tools.base import ToolCall, ToolResult
 
@@ -85,20 +86,15 @@ class Stream:
 
 @dataclass
 class _Oracle:
-    """The oracle in place: the epoch and user turn of its reset, and every word it holds."""
+    """The oracle in place: the epoch and user turn of its reset, and every word (or chunk) it holds."""
 
     epoch: int = 0  # 0: none yet
     turn: int = 0
     words: list[str] = field(default_factory=list)
 
-    def agrees(self, words: list[str], turn: int) -> bool:
+    def agrees(self, words: list[str], turn: int, language: Language) -> bool:
         """`words` repeat this oracle from its start (as far as both go), in the same user turn."""
-        return self.epoch != 0 and turn == self.turn and all(
-            _normal(a) == _normal(b) for a, b in zip(words, self.words, strict=False))
-
-
-def _normal(word: str) -> str:
-    return "".join(c for c in word.lower() if c.isalnum())
+        return self.epoch != 0 and turn == self.turn and language.agrees(words, self.words)
 
 
 class Streams:
@@ -106,8 +102,9 @@ class Streams:
     words owns it, every older one is cancelled, and the owner's words extend the oracle in place or reset it."""
 
     def __init__(self, tokenizer: TextTokenizer, send_oracle: Callable[[OracleUpdate], None],
-                 on_event: Callable[[PlannerEvent], None], clock: Clock, keep_agreeing: bool) -> None:
-        self.tokenizer, self.clock, self.keep_agreeing = tokenizer, clock, keep_agreeing
+                 on_event: Callable[[PlannerEvent], None], clock: Clock, keep_agreeing: bool,
+                 language: Language = ENGLISH) -> None:
+        self.tokenizer, self.clock, self.keep_agreeing, self.language = tokenizer, clock, keep_agreeing, language
         self._send_oracle, self._on_event = send_oracle, on_event
         self.running: dict[int, Stream] = {}  # by epoch, oldest first
         self.owner = 0  # epoch of the stream that owns the oracle (0: none)
@@ -130,7 +127,7 @@ class Streams:
         if not words or record.status != "running":
             return
         stream.words += words
-        record.text = " ".join(stream.words)
+        record.text = self.language.join(stream.words)
         if record.first_token_at is None:
             record.first_token_at = self.clock.now()
             self._on_event(record.snapshot("first_token"))
@@ -152,9 +149,9 @@ class Streams:
         """Extend the oracle in place while the owner's words agree with it, else reset it with them."""
         record, oracle = stream.record, self.oracle
         own = oracle.epoch == record.epoch
-        if own or (self.keep_agreeing and oracle.agrees(stream.words, stream.turn)):
+        if own or (self.keep_agreeing and oracle.agrees(stream.words, stream.turn, self.language)):
             record.kept_oracle = not own
-            new = stream.words[len(oracle.words):]
+            new = self.language.extension(stream.words, oracle.words, own)
             oracle.words += new
             if new:
                 self._send(record, OracleOp.APPEND, oracle.epoch, new)
@@ -164,8 +161,9 @@ class Streams:
         self._send(record, OracleOp.RESET, record.epoch, stream.words)
 
     def _send(self, record: AttemptRecord, op: OracleOp, epoch: int, words: list[str]) -> None:
-        text = " ".join(words)
-        update = OracleUpdate(epoch, op, tuple(tokenize_words(self.tokenizer, text)), text)
+        text = self.language.join(words)
+        tokens = self.language.tokenize(self.tokenizer, words, first_since_reset=op is OracleOp.RESET)
+        update = OracleUpdate(epoch, op, tuple(tokens), text)
         record.tokens += len(update.tokens)
         self._send_oracle(update)
 

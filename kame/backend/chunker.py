@@ -1,4 +1,5 @@
-"""Re-chunk a stream of LLM text deltas into whole words, as the oracle tokenizer needs them."""
+"""Re-chunk a stream of LLM text deltas for the oracle: whole words (English), or each delta (Japanese:
+no spaces to wait for; kame/backend/language.py)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,14 @@ class WordChunker:
     def flush(self) -> list[str]:
         word, self._partial = self._partial, ""
         return [word] if word else []
+
+
+class DeltaChunker:
+    """Each delta as its own chunk, its surrounding spaces dropped (a language written without spaces)."""
+
+    def push(self, delta: str) -> list[str]:
+        chunk = delta.strip()
+        return [chunk] if chunk else []
+
+    def flush(self) -> list[str]:
+        return []

@@ -45,8 +45,8 @@ from pydantic import Field
 from kame.asr.events import FinalTranscript, PartialTranscript, TranscriptEvent
 from kame.backend.attempts import AttemptRecord, PlannerEvent, Stream, Streams, knowledge_event, tool_event
 from kame.backend.backchannel import is_backchannel
-from kame.backend.chunker import WordChunker
 from kame.backend.conversation import Ask, Turns
+from kame.backend.language import Language, LanguageCode, language_named
 from kame.backend.llm import ChatMessage, LLMClient, LLMError, ToolCalls
 from kame.clock import Clock, MonotonicClock
 from kame.frontend.oracle import OracleUpdate, TextTokenizer
@@ -85,7 +85,11 @@ class PlannerConfig:
     """The planner's policy; also the schema of the server's [planner] table (server/settings.py), so each
     field's bounds are written here, where its default is."""
 
-    min_new_words: Annotated[int, Field(ge=1)] = 2  # start again when the partial grew by this many words
+    # the language the LLM is asked in and its answer tokenised for (a session may ask for its own:
+    # kame/backend/language.py); en counts words, ja characters; None: the front-end's (ja for J-Moshi, else en)
+    language: LanguageCode | None = None
+    min_new_words: Annotated[int, Field(ge=1)] = 2  # start again when the partial grew by this many words ...
+    min_new_chars: Annotated[int, Field(ge=1)] = 6  # ... or characters (ja), spaces left out
     restart_on_final: bool = True  # always start on a final transcript
     max_restarts: Annotated[int, Field(ge=1)] = 5  # at most this many starts ...
     restart_window_s: Annotated[float, Field(gt=0)] = 2.0  # ... per this many seconds
@@ -118,6 +122,7 @@ class Planner:
         knowledge: KnowledgeSource | None = None,
     ) -> None:
         self.llm, self.tokenizer, self.config = llm, tokenizer, config
+        self.language: Language = language_named(config.language)
         self.tools = tools if tools is not None else ToolBox(spawn=spawn)
         self.tool_choice: str | dict | None = None  # the first round's (`set_tool_choice`); None: the model's
         self.knowledge = knowledge
@@ -126,15 +131,16 @@ class Planner:
         self._create_task = spawn
         self._on_event = on_event or (lambda event: None)
         self.clock = clock or MonotonicClock()
-        self.system_prompt = config.system_prompt
+        self.system_prompt = self.language.system_prompt(config.system_prompt, DEFAULT_SYSTEM_PROMPT)
         self.epoch = 0  # the newest started stream's
         self._conv = Turns(deque(maxlen=config.max_history_turns))  # older turns are never sent
-        self._words_at_start = 0
+        self._units_at_start = 0  # the open utterance's words (or characters) when the newest stream started
         self._starts: deque[float] = deque()
         self._backoff_until = 0.0
         self._failures = 0
         # the running streams and the oracle they race for
-        self._streams = Streams(tokenizer, send_oracle, self._on_event, self.clock, config.keep_agreeing_oracle)
+        self._streams = Streams(tokenizer, send_oracle, self._on_event, self.clock, config.keep_agreeing_oracle,
+                                self.language)
         self._turn = 0  # user turns begun
         self._assistant_at: float | None = None  # when the front-end last said a word
         self._utterance_start: float | None = None  # the ASR utterance seen last (its start, audio time) ...
@@ -157,8 +163,11 @@ class Planner:
             self._utterance_start = event.start_s
             spoke = self._assistant_at
             self._began_over_assistant = spoke is not None and self.clock.now() - spoke <= window
-        return (window > 0 and self._conv.user_closed and self._began_over_assistant
-                and not self._conv.assistant_said.rstrip().endswith("?") and is_backchannel(event.text))
+        if not (window > 0 and self._conv.user_closed and self._began_over_assistant
+                and not self.language.asks(self._conv.assistant_said)):
+            return False
+        own = self.language.is_backchannel(event.text)
+        return is_backchannel(event.text) if own is None else own
 
     def on_transcript(self, event: TranscriptEvent) -> None:
         if self._conv.user_closed:  # a new user utterance begins with this event
@@ -166,8 +175,8 @@ class Planner:
         if isinstance(event, PartialTranscript):
             self._conv.begin_user()
             self._conv.pending_user = event.text
-            grown = len(event.text.split()) - self._words_at_start
-            if grown >= self.config.min_new_words:
+            grown = self.language.units(event.text) - self._units_at_start
+            if grown >= (self.config.min_new_chars if self.language.counts_characters else self.config.min_new_words):
                 self._request_start("partial")
         elif isinstance(event, FinalTranscript):
             self._conv.begin_user()
@@ -175,7 +184,7 @@ class Planner:
             ask = self._ask()
             self._conv.turns.append(("user", event.text))
             self._conv.pending_user, self._conv.user_closed = "", True
-            self._words_at_start = 0
+            self._units_at_start = 0
             if self.config.restart_on_final:
                 self._request_start("final", ask)
 
@@ -286,7 +295,7 @@ class Planner:
     def _start(self, trigger: str, ask: Ask) -> None:
         self._starts.append(self.clock.now())
         self.epoch += 1
-        self._words_at_start = len(self._conv.pending_user.split())
+        self._units_at_start = self.language.units(self._conv.pending_user)
         self._streams.make_room(self.config.max_concurrent_streams)
         record = AttemptRecord(self.epoch, self.llm.name, trigger, ask.user_words, self.clock.now())
         self.attempts.append(record)
@@ -303,7 +312,7 @@ class Planner:
     # ------------------------------------------------------------------ one attempt
 
     async def _run(self, stream: Stream, messages: list[ChatMessage]) -> None:
-        record, chunker = stream.record, WordChunker()
+        record, chunker = stream.record, self.language.chunker()
         try:
             messages = await self._prepare(stream, messages)
             rounds = self.config.max_tool_rounds if self.tools_on and self.tool_choice != "none" else 0
@@ -346,10 +355,11 @@ class Planner:
         """The attempt's system message: the prompt, the data note when tools or knowledge are on,
         and the passages retrieved for the user's words so far."""
         extra = []
+        data_note, tools_note = self.language.notes(DATA_NOTE, TOOLS_NOTE)
         if self.tools_on or self.knowledge is not None:
-            extra.append(DATA_NOTE)
+            extra.append(data_note)
         if self.tools_on:
-            extra.append(TOOLS_NOTE)
+            extra.append(tools_note)
         if self.knowledge is not None:
             query = stream.record.user_text
             try:

@@ -59,6 +59,7 @@ class Frontend:
     quantize: str | None = None  # "int8": the LM's linear layers hold int8 weights (bitsandbytes)
     model_type: str = "moshi"  # config.json's model_type (moshi, stt, hibiki, ...)
     family: str = ""  # which Moshi-family model it is, what KAME runs of it, its weights' licence (`family`)
+    language: str = "en"  # the language of its text stream (its tokenizer's: `text_language`): ja for J-Moshi
 
     @property
     def device(self) -> torch.device:
@@ -249,7 +250,17 @@ def preset_from_weights(header: dict[str, weights.TensorEntry], path: Path) -> d
     return kwargs
 
 
-def family(lm_config: dict, has_oracle: bool, model_type: str = "moshi", preset: bool = False) -> str:
+def text_language(tokenizer: sentencepiece.SentencePieceProcessor | None) -> str:
+    """"ja" for a Japanese tokenizer (J-Moshi's: a fifth or more of its pieces hold kana), else "en"."""
+    if tokenizer is None:
+        return "en"
+    size = tokenizer.vocab_size()
+    kana = sum(1 for i in range(size) if any("\u3040" <= c <= "\u30ff" for c in tokenizer.id_to_piece(i)))
+    return "ja" if size and kana >= 0.2 * size else "en"
+
+
+def family(lm_config: dict, has_oracle: bool, model_type: str = "moshi", preset: bool = False,
+           language: str = "en") -> str:
     """The Moshi-family model a checkpoint is, what KAME runs of it, and the licence of its published weights
     (docs/frontends.md): for `kame doctor` and the server's start-up log."""
     if preset:
@@ -261,6 +272,11 @@ def family(lm_config: dict, has_oracle: bool, model_type: str = "moshi", preset:
         return (f"PersonaPlex layout (the depformer predicts the user's 8 codebooks too; KAME steps the "
                 f"assistant's): {oracle}; nvidia/personaplex-7b-v1: NVIDIA Open Model License, gated; "
                 "kyutai/personaplex-rl-seamless: CC BY-NC 4.0, gated (non-commercial)")
+    if language == "ja":
+        oracle = "KAME's oracle" if has_oracle else "no oracle embedding: initialised from text_emb"
+        return (f"J-Moshi (a Moshi speaking Japanese: a Japanese tokenizer; sessions think in Japanese, "
+                f"docs/languages.md): {oracle}; nu-dialogue/j-moshi, nu-dialogue/j-moshi-ext: CC BY-NC 4.0 "
+                "(non-commercial)")
     if has_oracle:
         return "KAME (a Moshi with an oracle embedding)"
     return "Moshi (no oracle embedding: initialised from text_emb)"
@@ -300,9 +316,10 @@ def _load_checkpoint(info: CheckpointInfo, device: torch.device, dtype: torch.dt
     elif role == "frontend":
         logger.info("%s has no %s: a PersonaPlex-layout checkpoint runs as its reference does, with no oracle "
                     "added to its input", checked.path, ORACLE_KEY)
-    kind = family(checked.kwargs, oracle_weight is not None, info.model_type)
+    language = text_language(checked.tokenizer)
+    kind = family(checked.kwargs, oracle_weight is not None, info.model_type, language=language)
     return Frontend(lm, oracle, _mimi(info, device, lm), checked.tokenizer, dict(info.lm_gen_config),
-                    stt_config=dict(info.stt_config), model_type=info.model_type, family=kind)
+                    stt_config=dict(info.stt_config), model_type=info.model_type, family=kind, language=language)
 
 
 def _merge_lora(lm: LMModel, info: CheckpointInfo, lora: dict, device: torch.device, dtype: torch.dtype) -> LMModel:
@@ -403,6 +420,7 @@ class SourceReport:
     file_dtype: str | None  # e.g. "bf16", "f32", or "bf16+f32"
     fused_attention: int  # attention modules stored fused (Kyutai's layout), split on load
     has_oracle: bool
+    language: str = "en"  # its text stream's (`text_language`)
 
     @property
     def dim(self) -> int:
@@ -427,7 +445,7 @@ def inspect_source(source: str, *, hf_cache_dir: Path | None = None, local_files
                      for e in checked.header.values() if e.dtype.is_floating_point})
     fused = sum(key.endswith(("in_proj_weight", "in_proj.weight")) for key in checked.header)
     return SourceReport(source, resolved, checked.kwargs, _numel(checked.lm), checked.path.stat().st_size,
-                        "+".join(dtypes) or None, fused, checked.oracle is not None)
+                        "+".join(dtypes) or None, fused, checked.oracle is not None, text_language(checked.tokenizer))
 
 
 def _numel(module: nn.Module) -> int:

@@ -84,7 +84,7 @@ def frontend_check(settings: ServerSettings, cuda: bool, hub: Hub) -> tuple[Chec
     from kame.frontend.loader import family
 
     kind = family(report.lm_config, report.has_oracle, report.info.model_type if report.info else "moshi",
-                  report.info is None)
+                  report.info is None, report.language)
     oracle = "oracle_emb present" if report.has_oracle else "no oracle_emb: initialised from text_emb"
     if "PersonaPlex" in kind:
         oracle = "no oracle_emb: no oracle" if not report.has_oracle else oracle
@@ -101,8 +101,20 @@ def asr_checks(settings: ServerSettings, cuda: bool, hub: Hub) -> tuple[list[Che
         return [Check("ok", "asr", f"none ({why}): no ASR (the front-end alone)")], None
     model = settings.asr_model or DEFAULT_MODELS[engine]
     if engine == "whisper":
-        return [whisper_check(model, f"whisper {model} ({why})", hub), end_of_turn_check(settings)], None
-    return kyutai_checks(model, f"kyutai-stt {model} ({why})", settings.kyutai_stt.eot_head, hub)
+        return [whisper_check(model, f"whisper {model} ({why}; {whisper_languages(model)})", hub),
+                end_of_turn_check(settings)], None
+    return kyutai_checks(model, f"kyutai-stt {model} ({why}; hears English and French, not Japanese)",
+                         settings.kyutai_stt.eot_head, hub)
+
+
+def whisper_languages(model: str) -> str:
+    """Which languages a Whisper model hears, from its name (a session in another is refused)."""
+    name = Path(model).expanduser().name
+    if name.endswith((".en", "-en")) or name.startswith("distil"):
+        return 'hears English only: a Japanese session needs a multilingual model (asr_model = "small")'
+    if Path(model).expanduser().is_dir():
+        return "the languages it hears are logged when it loads"
+    return "multilingual: hears Japanese too"
 
 
 def whisper_check(model: str, head: str, hub: Hub) -> Check:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kame.backend.language import LanguageError, language_named
 from kame.commands import Configure, PushAudio, SessionCommand
 from kame.frontend.sampling import SAMPLING_PARAMETERS, Sampling
 from kame.pcm import pcm16_decode, pcm16_encode
@@ -43,6 +44,7 @@ class SessionOptions:
     sampling: dict[str, float | int] = field(default_factory=dict)  # Moshi's sampling query parameters
     ignored: tuple[str, ...] = ()  # parameters Moshi's clients send that this server cannot honour
     persona: str | None = None  # PersonaPlex's `text_prompt`: the role text a PersonaPlex-layout front-end takes
+    language: str | None = None  # ?language=ja: the language the backend thinks in (None: the server's)
 
     @classmethod
     def from_query(cls, params) -> SessionOptions:
@@ -64,7 +66,16 @@ class SessionOptions:
             raise ProtocolError("voice_prompt: voice prompts are not served yet (only the role text, text_prompt)")
         return cls(_flag(params, "events", False), audio, params.get("backend"), _flag(params, "asr", True), delay,
                    _flag(params, "realtime", True), sampling, tuple(name for name in _IGNORED if name in params),
-                   params.get("text_prompt") or None)
+                   params.get("text_prompt") or None, _language(params.get("language")))
+
+
+def _language(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return language_named(value).code
+    except LanguageError as exc:
+        raise ProtocolError(f"language: {exc}") from exc
 
 
 def _flag(params, name: str, default: bool) -> bool:
