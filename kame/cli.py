@@ -28,9 +28,17 @@ def _cmd_infer(args: argparse.Namespace) -> int:
     from kame.frontend.loader import check_quantize, resolve_device
 
     check_quantize(args.quantize, resolve_device(args.device))  # the flags before the audio
+    if args.voice_prompt:
+        raise KameError(f"--voice-prompt {args.voice_prompt}: voice prompts are not served yet (the role text, "
+                        "--text-prompt, is); leave it out to run with the model's own voice")
+    if args.seed is not None:
+        _seed_all(args.seed)
     if args.llm or args.llm_model:
         return _infer_tandem(args)
+    import dataclasses
+
     from kame.audio import read_audio, write_wav
+    from kame.frontend.engine import GenerationConfig
     from kame.frontend.infer import OracleCue, run_inference
     from kame.frontend.loader import load_frontend
 
@@ -40,13 +48,28 @@ def _cmd_infer(args: argparse.Namespace) -> int:
     cues = [OracleCue(at, text) for at, text in zip(times, args.oracle, strict=True)]
     pcm = read_audio(args.input)
     frontend = load_frontend(_default_frontend(args.frontend, args.device), args.device, quantize=args.quantize)
-    result = run_inference(frontend, pcm, cues, tail_s=args.tail)
+    gen = None
+    if args.greedy:
+        gen = dataclasses.replace(GenerationConfig.from_dict(frontend.lm_gen_config), use_sampling=False)
+    result = run_inference(frontend, pcm, cues, tail_s=args.tail, gen=gen, persona=args.text_prompt)
     write_wav(args.output, result.audio)
     if args.json:
         print(json.dumps(result.to_json() | {"output": str(args.output)}))
     else:
         print(result.text)
     return 0
+
+
+def _seed_all(seed: int) -> None:
+    """Python's, numpy's and torch's generators (CUDA's too), as NVIDIA's offline.py seeds them."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # every CUDA device's too
 
 
 def _default_frontend(source: str | None, device: str) -> str:
@@ -66,6 +89,7 @@ def _infer_tandem(args: argparse.Namespace) -> int:
     from kame.audio import read_audio, write_wav
     from kame.converse import converse_in_process
     from kame.eval.inprocess import CUSTOM, run_in_process, start_runtime
+    from kame.session_config import SessionConfig
     from kame.session_events import AssistantAudio, AssistantText, SessionStats
 
     if args.oracle:
@@ -75,7 +99,9 @@ def _infer_tandem(args: argparse.Namespace) -> int:
     pcm = read_audio(args.input)
     name = CUSTOM if args.llm_model is not None else args.llm
     runtime = start_runtime(args, [name], realtime=True, asr_model=args.asr_model)
-    conversation = run_in_process(runtime, lambda: converse_in_process(runtime, pcm, tail_s=args.tail))
+    greedy = {"text_temperature": 0, "audio_temperature": 0} if args.greedy else {}
+    config = SessionConfig(persona=args.text_prompt, sampling=greedy)
+    conversation = run_in_process(runtime, lambda: converse_in_process(runtime, pcm, config, tail_s=args.tail))
     write_wav(args.output, conversation.assistant_audio)
     if args.json:
         print(json.dumps({"text": conversation.assistant_text, "output": str(args.output), "events": [
@@ -146,6 +172,15 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--tail", type=float, default=1.0, help="seconds of silence after the input (default 1; then "
                        "more while the session is still busy, at most 10 s)")
     infer.add_argument("--json", action="store_true", help="print JSON with per-frame text times")
+    infer.add_argument("--text-prompt", default=None, metavar="TEXT",
+                       help="a PersonaPlex-layout front-end's role text, prefilled before the input as NVIDIA's "
+                            "offline.py does (its flag)")
+    infer.add_argument("--voice-prompt", default=None, metavar="NAME",
+                       help="a PersonaPlex voice by name (NATF2.pt): not served yet, refused")
+    infer.add_argument("--greedy", action="store_true",
+                       help="the most likely token every step, text and audio (offline.py's --greedy)")
+    infer.add_argument("--seed", type=int, default=None,
+                       help="seed torch, numpy and random before the run (offline.py's --seed): a sampled run repeats")
     infer.add_argument("--llm", default=None, metavar="PROFILE",
                        help="run the whole tandem in this process: ASR, planner and this LLM profile give the "
                             "oracle (openai, anthropic, gemini, local, embedded); prints transcripts, oracle, answer")

@@ -131,3 +131,43 @@ def test_infer_without_a_frontend_picks_what_kame_serve_picks(question_wav, tmp_
     code = main(["infer", "--input", str(question_wav), "--output", str(tmp_path / "a.wav"), "--oracle", "hello there"])
     assert code == 0 and "hello there" in capsys.readouterr().out  # tiny-copy repeats its oracle
     assert any("tiny-copy (no --frontend given: no GPU" in r.getMessage() for r in caplog.records)
+
+
+@pytest.fixture(scope="module")
+def personaplex(tmp_path_factory) -> Path:
+    """The PersonaPlex-layout fixture as a repo (with a Mimi and a tokenizer: test_personaplex.checkpoint)."""
+    from .test_personaplex import REFERENCE, checkpoint
+
+    return checkpoint(tmp_path_factory.mktemp("pp") / "repo", REFERENCE["lm_kwargs"])
+
+
+def test_personaplex_flags_as_offline_py_names_them(personaplex, question_wav, tmp_path, capsys):
+    """NVIDIA's offline.py flags on the PersonaPlex-layout fixture: --text-prompt prefills the role text before
+    the input (it changes what the model says; the prompt's frames are not in the output, whose frames count
+    from the input's first); --greedy repeats exactly; --seed makes a sampled run repeat, and another seed gives
+    another run; --voice-prompt is refused, not ignored. (The text tokens are compared: the fixture's Mimi is
+    random, its audio says little.)"""
+    def run(name, *flags):
+        out = tmp_path / f"{name}.wav"
+        assert main(["infer", "--frontend", str(personaplex), "--device", "cpu", "--input", str(question_wav),
+                     "--output", str(out), "--tail", "0.5", "--json", *flags]) == 0
+        result = json.loads(capsys.readouterr().out)
+        audio, _ = sphn.read(str(out))
+        assert audio.shape == (1, 1920 * 44)  # 3 s + 0.5 s, one frame out per frame in, none for the prompt
+        assert all(0 <= p["frame"] < 44 and p["time_s"] == pytest.approx(p["frame"] * 0.08) for p in result["pieces"])
+        return [(p["frame"], p["token"]) for p in result["pieces"]]
+
+    plain = run("plain", "--greedy")
+    persona = run("persona", "--greedy", "--text-prompt", "You are a patient teacher.")
+    assert persona == run("again", "--greedy", "--text-prompt", "You are a patient teacher.") and persona != plain
+    seeded = [run(f"seed{seed}", "--seed", str(seed)) for seed in (1, 1, 2)]
+    assert seeded[0] == seeded[1] and seeded[0] != seeded[2]
+    code = main(["infer", "--frontend", str(personaplex), "--device", "cpu", "--input", str(question_wav),
+                 "--output", str(tmp_path / "v.wav"), "--voice-prompt", "NATF2.pt"])
+    assert code == 2 and "--voice-prompt NATF2.pt: voice prompts are not served yet" in capsys.readouterr().err
+
+
+def test_a_role_text_on_a_front_end_without_persona_is_one_clear_line(question_wav, tmp_path, capsys):
+    code = main(["infer", "--frontend", "tiny-copy", "--input", str(question_wav), "--output",
+                 str(tmp_path / "a.wav"), "--text-prompt", "You are a pirate."])
+    assert code == 2 and "takes no persona" in capsys.readouterr().err

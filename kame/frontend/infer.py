@@ -11,6 +11,7 @@ from kame.errors import KameError
 from kame.frontend.engine import FRAME_RATE, BatchedEngine, GenerationConfig
 from kame.frontend.loader import Frontend
 from kame.frontend.oracle import OracleUpdate, PieceDecoder, tokenize_words
+from kame.frontend.persona import persona_prompt
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,12 @@ def run_inference(
     cues: list[OracleCue] = (),
     tail_s: float = 1.0,
     gen: GenerationConfig | None = None,
+    persona: str | None = None,
 ) -> InferResult:
-    """Step the front-end over `pcm` (24 kHz mono) plus `tail_s` of silence, applying `cues`."""
+    """Step the front-end over `pcm` (24 kHz mono) plus `tail_s` of silence, applying `cues`; `persona`: a
+    PersonaPlex-layout front-end's role text, prefilled first as its reference does (SessionError elsewhere).
+    Frames and times count from the conversation's first frame, the prompt's left out."""
+    prompt = persona_prompt(frontend, persona)
     if cues and frontend.tokenizer is None:
         raise KameError(f"front-end {frontend.source!r} has no text tokenizer, so it cannot take an oracle")
     pcm = np.concatenate([pcm, np.zeros(int(tail_s * SAMPLE_RATE), dtype=np.float32)])
@@ -63,6 +68,7 @@ def run_inference(
     engine = BatchedEngine(frontend, batch_size=1, gen=gen)
     try:
         slot = engine.acquire()
+        engine.prefill(slot, prompt)
         result = InferResult(audio=np.zeros(0, dtype=np.float32))
         chunks = []
         pieces = PieceDecoder(frontend.tokenizer) if frontend.tokenizer is not None else None
@@ -76,7 +82,8 @@ def run_inference(
             out = engine.step({slot: frame})[0]
             chunks.append(out.pcm)
             if out.text_token is not None and pieces is not None and (text := pieces.push(out.text_token)):
-                result.pieces.append(TextPiece(out.frame, out.frame / FRAME_RATE, out.text_token, text))
+                frame_index = out.frame - len(prompt)
+                result.pieces.append(TextPiece(frame_index, frame_index / FRAME_RATE, out.text_token, text))
         result.audio = np.concatenate(chunks) if chunks else result.audio
         return result
     finally:
