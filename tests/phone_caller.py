@@ -229,6 +229,23 @@ class Playout:
         self._marks.clear()
         return names
 
+    def playing(self, t0: float, t1: float) -> np.ndarray:
+        """What the loudspeaker played from `t0` to `t1` (silence between chunks), at the line's rate."""
+        rate = self.line.rate
+        out = np.zeros(max(0, round((t1 - t0) * rate)), np.float32)
+        for start, data in reversed(self._chunks):  # in time order: the newest first, until they are too old
+            end = start + self.line.seconds(data)
+            if end <= t0 - 1.0:
+                break
+            if end <= t0 or start >= t1:
+                continue
+            pcm = self.line.decode(data)
+            skip, at = max(0, round((t0 - start) * rate)), max(0, round((start - t0) * rate))
+            count = min(len(out) - at, len(pcm) - skip)
+            if count > 0:
+                out[at:at + count] += pcm[skip:skip + count]
+        return out
+
     def heard(self, now: float) -> bytes:
         """The audio played by `now`."""
         return b"".join(self._played(start, data, now) for start, data in self._chunks if start < now)
@@ -246,8 +263,9 @@ class Caller:
     silence), the server's audio plays in a `Playout`, marks go back as their audio plays. Use
     `async with Caller.dial(url, wire, parameters) as caller:`."""
 
-    def __init__(self, ws, wire: Wire) -> None:
+    def __init__(self, ws, wire: Wire, echo: tuple[float, float] | None = None) -> None:
         self.ws, self.wire, self.line = ws, wire, wire.format
+        self.echo = echo  # (level in dB, delay in s) of the loudspeaker heard back in the mouthpiece; None: none
         self.playout = Playout(self.line)
         self.leads: list[tuple[float, float]] = []  # (time, lead in s) as each frame of the server's audio came
         self.clears: list[float] = []  # when each clear came
@@ -266,12 +284,14 @@ class Caller:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def dial(cls, url: str, wire: Wire, parameters: dict[str, str] | None = None, greet: bool = True):
+    async def dial(cls, url: str, wire: Wire, parameters: dict[str, str] | None = None, greet: bool = True,
+                   echo: tuple[float, float] | None = None):
         """Open the stream at `url` (a carrier connects there) and start the call; the caller's audio flows from
         then on. Leaving closes the socket (a dropped line, where the test has not hung up). `greet=False`: no
-        opening messages (a test sends its own)."""
+        opening messages (a test sends its own). `echo`: (dB, s) of what the caller's phone plays coming back
+        into its microphone, as a handset's does (-35 dB: a faint one)."""
         async with websockets.connect(url, max_size=None, open_timeout=30) as ws:
-            caller = cls(ws, wire)
+            caller = cls(ws, wire, echo)
             if greet:
                 for message in wire.opening(parameters or {}):
                     await caller.send(message)
@@ -353,12 +373,22 @@ class Caller:
         while True:
             speaking = bool(self._speech)
             frame = self._speech.popleft() if speaking else silence
+            if self.echo is not None:
+                frame = self._with_echo(frame)
             for message in self.wire.media(frame):
                 await self.send(message)
             if speaking:
                 self._spoke()
             sent += 1
             await asyncio.sleep(max(0.0, start + sent * FRAME_S - self.now()))
+
+    def _with_echo(self, frame: bytes) -> bytes:
+        """The frame as the mouthpiece picks it up: with the loudspeaker's audio of `delay` ago, `level` down."""
+        level_db, delay = self.echo
+        now = self.now()
+        echo = self.playout.playing(now - delay - FRAME_S, now - delay) * 10 ** (level_db / 20)
+        pcm = self.line.decode(frame)
+        return self.line.encode(np.clip(pcm + echo[:len(pcm)], -1, 1))
 
     def _spoke(self) -> None:
         """One more frame of speech went out: the `say` it starts or ends is told."""

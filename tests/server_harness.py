@@ -138,15 +138,16 @@ def few_dropped(dropped: int, frames: int) -> bool:
     return dropped <= frames // 4
 
 
-async def wait_until(predicate: Callable[[], object], what: str, timeout_s: float = 10.0) -> None:
-    """Return once `predicate()` is true, checking every 20 ms; fail naming `what` after `timeout_s`.
-    For a state with nothing to await (a message received, a counter reached): a loaded machine only
-    makes it wait longer."""
+async def wait_until(predicate: Callable[[], object], what: str, timeout_s: float = 10.0,
+                     found: Callable[[], str] | None = None) -> None:
+    """Return once `predicate()` is true, checking every 20 ms; fail naming `what` after `timeout_s` (and what
+    `found()` says was there instead). For a state with nothing to await (a message received, a counter
+    reached): a loaded machine only makes it wait longer."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while not predicate():
         if loop.time() > deadline:
-            raise AssertionError(f"still waiting after {timeout_s} s for {what}")
+            raise AssertionError(f"still waiting after {timeout_s} s for {what}{found() if found else ''}")
         await asyncio.sleep(0.02)
 
 
