@@ -28,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="talk to the OpenAI-Realtime endpoint /v1/realtime through the openai SDK instead of "
                              "Moshi's protocol (the URL's path is replaced)")
     client.add_argument("--token", default=None, help="auth token (with --realtime-api: sent as the SDK's api_key)")
+    add_session_args(client)
     client.set_defaults(func=run_client)
 
     talk = sub.add_parser("talk", help="talk to a server with the microphone and speakers")
@@ -37,7 +38,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     talk.add_argument("--no-aec", dest="aec", action="store_false",
                       help="send the microphone as it is, without cancelling the speakers' echo (with headphones)")
     add_llm_arg(talk, "the server's LLM backend profile for this session (default: the server's default)")
+    add_session_args(talk)
     talk.set_defaults(func=run_talk)
+
+
+def add_session_args(parser: argparse.ArgumentParser) -> None:
+    """The session's persona and language, as Moshi's protocol asks for them (query parameters)."""
+    parser.add_argument("--text-prompt", default=None, metavar="TEXT",
+                        help="a role text for a PersonaPlex-layout front-end (PersonaPlex's text_prompt)")
+    parser.add_argument("--language", default=None, choices=["en", "ja"],
+                        help="the language the backend thinks in (default: the server's; docs/languages.md)")
+
+
+def session_options(args: argparse.Namespace) -> dict[str, str]:
+    return {name: value for name, value in (("text_prompt", args.text_prompt), ("language", args.language))
+            if value is not None}
 
 
 def add_llm_arg(parser: argparse.ArgumentParser, help_text: str, metavar: str = "PROFILE") -> None:
@@ -59,7 +74,8 @@ def run_client(args: argparse.Namespace) -> int:
     if args.token:
         args.url += ("&" if "?" in args.url else "?") + f"token={args.token}"
     conv = asyncio.run(converse(args.url, pcm, realtime=args.realtime, tail_s=args.tail, backend=args.llm,
-                                system_prompt=args.system_prompt, on_item=printer(args.json)))
+                                system_prompt=args.system_prompt, on_item=printer(args.json),
+                                options=session_options(args) or None))
     return _finish(args, conv, {})
 
 
@@ -82,9 +98,9 @@ def _run_realtime_client(args: argparse.Namespace, pcm) -> int:
     from client.realtime_client import converse_realtime, realtime_url
     from kame.errors import KameError
 
-    if args.llm or not args.realtime:
+    if args.llm or not args.realtime or session_options(args):
         raise KameError("--realtime-api streams at real-time pace with the server's default LLM: "
-                        "no --llm or --fast with it")
+                        "no --llm, --fast, --text-prompt or --language with it")
 
     def show(t: float, line: str) -> None:
         if args.json:
@@ -105,6 +121,6 @@ def run_talk(args: argparse.Namespace) -> int:
         print(list_devices())
         return 0
     try:
-        return asyncio.run(talk(args.url, args.device, args.llm, aec=args.aec))
+        return asyncio.run(talk(args.url, args.device, args.llm, aec=args.aec, options=session_options(args)))
     except KeyboardInterrupt:  # Ctrl-C: the session was closed on the way out
         return 0

@@ -92,7 +92,8 @@ def _echo_delay_ms(time_info, latency) -> int | None:
     return round(delay * 1000) if 0 < delay < 1 else None
 
 
-async def talk(url: str, device: str | None, backend: str | None, aec: bool = True) -> int:
+async def talk(url: str, device: str | None, backend: str | None, aec: bool = True,
+               options: dict | None = None) -> int:
     sd = _sounddevice()
     if device is not None and device.isdigit():
         device = int(device)
@@ -113,7 +114,7 @@ async def talk(url: str, device: str | None, backend: str | None, aec: bool = Tr
             canceller.delay_ms = _echo_delay_ms(time_info, stream.latency)
         post(loop, lambda: mic.full() or mic.put_nowait((pcm, played)))
 
-    client = await KameClient.connect(url, events=True, backend=backend)
+    client = await KameClient.connect(url, events=True, backend=backend, options=options or None)
     print("connected; speak (Ctrl-C to stop)", file=sys.stderr)
     assistant = []
 

@@ -141,3 +141,39 @@ def test_page_explains_a_refused_connection_and_offers_retry(tandem_server, ques
 
     text, retry_visible, start_again = asyncio.run(scenario())
     assert "refused" in text and retry_visible and start_again
+
+
+def test_page_asks_for_a_language_and_a_persona_and_shows_why_they_are_refused(tandem_server, question_wav):
+    """The page's Language and Persona fields go into /api/chat's query at Start; the shared server (the bundled
+    English-only Whisper, tiny-copy: no persona) refuses each, and the page says why instead of "full or down".
+    With GPT-Live as the transport the fields are off (it does not carry them yet)."""
+    url, _ = tandem_server
+
+    async def scenario():
+        manager, browser, page = await open_page(question_wav)
+        asked = []
+        page.on("websocket", lambda ws: asked.append(ws.url))
+        try:
+            shown = []
+            await page.goto(url.replace("ws://", "http://") + "/?transport=chat")
+            for language, persona in (("ja", ""), ("", "You are a pirate.")):
+                await page.get_by_label("Language").select_option(language)
+                await page.get_by_label("Persona").fill(persona)
+                await page.get_by_role("button", name="Start").click()
+                error = page.get_by_role("alert")
+                await error.wait_for(state="visible", timeout=15000)
+                shown.append(await error.text_content())
+                await page.get_by_role("button", name="Start").wait_for(timeout=5000)
+            await page.get_by_label("Transport").select_option("live")
+            disabled = [await page.get_by_label(name).is_disabled() for name in ("Language", "Persona")]
+            return asked, shown, disabled
+        finally:
+            await browser.close()
+            await manager.stop()
+
+    asked, shown, disabled = asyncio.run(scenario())
+    assert len(asked) == 2 and "language=ja" in asked[0] and "text_prompt=You+are+a+pirate." in asked[1]
+    assert "text_prompt" not in asked[0] and "language" not in asked[1]
+    assert shown[0].startswith("The server refused the session: ") and "hears English only, not Japanese" in shown[0]
+    assert "takes no persona" in shown[1]
+    assert disabled == [True, True]

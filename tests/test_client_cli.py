@@ -123,7 +123,7 @@ def test_the_command_line_starts_without_loading_models():
     assert _heavy_modules_after("from kame.cli import build_parser\nbuild_parser()") == ""
 
 
-def _kame_client(url: str, tmp_path) -> tuple[int, str]:
+def _kame_client(url: str, tmp_path, *flags: str) -> tuple[int, str]:
     """`kame client` as a user runs it, in its own process: (exit code, stderr)."""
     import subprocess
     import sys
@@ -131,7 +131,8 @@ def _kame_client(url: str, tmp_path) -> tuple[int, str]:
 
     question = Path(__file__).parent / "fixtures" / "question.wav"
     result = subprocess.run([sys.executable, "-m", "kame.cli", "client", "--url", url, "--input", str(question),
-                             "--output", str(tmp_path / "answer.wav")], capture_output=True, text=True, timeout=120)
+                             "--output", str(tmp_path / "answer.wav"), *flags], capture_output=True, text=True,
+                            timeout=120)
     return result.returncode, result.stderr
 
 
@@ -148,8 +149,12 @@ def test_client_errors_are_one_line_with_a_distinct_exit_code(tmp_path):
     with running_server(asr="none", auth_tokens=["secret"]) as (url, _):
         outcomes["unauthorised"] = _kame_client(url + "/api/chat?token=wrong", tmp_path)
         outcomes["bad input"] = _kame_client(url + "/api/chat?token=secret&audio=mp3", tmp_path)
+    with running_server(asr="whisper") as (url, _):  # the bundled tiny.en: English only
+        outcomes["language"] = _kame_client(url + "/api/chat", tmp_path, "--language", "ja")
+        outcomes["persona"] = _kame_client(url + "/api/chat", tmp_path, "--text-prompt", "You are a pirate.")
     expected = {"down": (3, "cannot reach the server"), "busy": (4, "HTTP 503"),
-                "unauthorised": (5, "HTTP 401"), "bad input": (2, "audio must be 'opus' or 'pcm'")}
+                "unauthorised": (5, "HTTP 401"), "bad input": (2, "audio must be 'opus' or 'pcm'"),
+                "language": (2, "hears English only, not Japanese"), "persona": (2, "takes no persona")}
     for case, (code, text) in expected.items():
         got_code, err = outcomes[case]
         lines = [line for line in err.splitlines() if line.startswith("kame: error:")]

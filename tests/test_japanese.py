@@ -48,8 +48,7 @@ SENTENCES = ["今日はいい天気ですね。", "明日の天気はどうで�
              "ありがとうございます。", "こんにちは、元気ですか？"]
 
 
-@pytest.fixture(scope="module")
-def sp():
+def japanese_tokenizer():
     """A Japanese SentencePiece model trained on the sentences above (BPE, 110 pieces, SentencePiece's
     defaults otherwise: its dummy-prefix "▁" at the start of every encoded text, as J-Moshi's tokenizer)."""
     import sentencepiece
@@ -59,6 +58,11 @@ def sp():
                                              vocab_size=110, model_type="bpe", character_coverage=1.0, pad_id=-1,
                                              minloglevel=2)
     return sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+
+
+@pytest.fixture(scope="module")
+def sp():
+    return japanese_tokenizer()
 
 
 def reference_tokens(sp, deltas: list[str]) -> list[int]:

@@ -345,3 +345,24 @@ def test_kame_is_trained_on_a_personaplex_base_with_an_oracle_of_its_own(tmp_pat
     assert base.oracle_emb is not None and base.oracle_emb.weight.requires_grad
     torch.testing.assert_close(base.oracle_emb.weight, base.lm.text_emb.weight)
     assert any(parameter is base.oracle_emb.weight for parameter in model.parameters())
+
+
+def test_sampling_defaults_are_the_references_and_each_session_may_have_its_own(frontend):
+    """PersonaPlex's reference samples audio at temperature 0.8 with top-k 250 and text at 0.7 with top-k 25; a
+    checkpoint that names no lm_gen_config (PersonaPlex's has no config.json at all) gets exactly those, and a
+    session's own (the query's text_temperature, ...) go to its row alone."""
+    from kame.frontend.sampling import Sampling
+
+    engine = BatchedEngine(frontend, batch_size=2)
+    try:
+        default = engine.sampler.default
+        assert (default.audio_temperature, default.audio_topk, default.text_temperature, default.text_topk) == (
+            0.8, 250, 0.7, 25)
+        own = default.updated({"text_temperature": "0.3", "audio_topk": "50"})
+        a, b = engine.acquire(sampling=own), engine.acquire()
+        rows = engine._rows.row(a), engine._rows.row(b)
+        assert [float(engine.sampler.text_temp[r]) for r in rows] == pytest.approx([0.3, 0.7])
+        assert [int(engine.sampler.audio_topk[r]) for r in rows] == [50, 250]
+    finally:
+        engine.close()
+    assert Sampling() == default

@@ -916,3 +916,33 @@ async def test_port_0_finds_a_port_free_for_udp_and_tcp_alike(monkeypatch):
     with pytest.raises(OSError):
         await other.start(LOOPBACK, transport.port or 5060)
     await other.close()
+
+
+@run
+async def test_a_named_tls_port_taken_fails_at_once_even_with_port_0(monkeypatch):
+    """Port 0 tries other ports for UDP and TCP, never for a TLS port the caller named: that one taken is one
+    clear error, on the first try."""
+    import socket
+    import ssl
+
+    held = socket.socket()
+    held.bind((LOOPBACK, 0))
+    held.listen()
+    tls_port = held.getsockname()[1]
+    tries = []
+    transport = SipTransport(lambda message, flow: None)
+    listen = transport._listen
+
+    async def counted(*args):
+        tries.append(args)
+        return await listen(*args)
+
+    monkeypatch.setattr(transport, "_listen", counted)
+    try:
+        with pytest.raises(OSError, match=f"SIP over TLS on port {tls_port}"):
+            await transport.start(LOOPBACK, 0, tls=ssl.create_default_context(ssl.Purpose.CLIENT_AUTH),
+                                  tls_port=tls_port)
+        assert len(tries) == 1
+    finally:
+        held.close()
+        await transport.close()

@@ -20,6 +20,7 @@ const ui = {
   rtt: $("rtt"), rttLabel: $("rtt-label"), jitter: $("jitter"), jitterFigure: $("jitter-figure"),
   ttft: $("ttft"), level: $("level"), played: $("played"),
   transport: $("transport"), remoteAudio: $("remote-audio"), timeline: $("timeline"),
+  language: $("language"), persona: $("persona"),
 };
 
 // test hooks and figures (read by the browser test)
@@ -62,14 +63,25 @@ function setRunning(running) {
   ui.button.classList.toggle("on", running);
   ui.apply.disabled = !running;
   ui.transport.disabled = running;
+  syncSessionFields(running);
   clearInterval(timeline.ticker); // while running, the timeline's cursor moves even without events
   timeline.ticker = running ? setInterval(drawTimeline, 500) : null;
+}
+
+/** The language and persona go in /api/chat's query at Start: fixed while a session runs, and not carried by
+ * the GPT-Live transport yet. */
+function syncSessionFields(running = Boolean(session)) {
+  const off = running || ui.transport.value === "live";
+  ui.language.disabled = ui.persona.disabled = off;
+  ui.language.title = ui.persona.title = ui.transport.value === "live" ? "/api/chat only, for now" : "";
 }
 
 function wsUrl() {
   const scheme = location.protocol === "https:" ? "wss" : "ws";
   const params = new URLSearchParams({ events: "1", audio: "pcm" });
   if (ui.backend.value) params.set("backend", ui.backend.value);
+  if (ui.language.value) params.set("language", ui.language.value);
+  if (ui.persona.value.trim()) params.set("text_prompt", ui.persona.value.trim());
   const token = new URLSearchParams(location.search).get("token"); // a server with auth_tokens
   if (token) params.set("token", token);
   return `${scheme}://${location.host}/api/chat?${params}`;
@@ -144,7 +156,9 @@ class Session {
         this.onMessage(bytes);
       };
       this.ws.onclose = (e) => {
-        if (!this.handshake) {
+        if (!this.handshake && e.code === 1008 && e.reason) {  // the session as asked cannot run: say why
+          reject(new Error(`The server refused the session: ${e.reason}`));
+        } else if (!this.handshake) {
           reject(new Error("The server refused the connection (it may be full or down). Retry in a moment."));
         } else if (!this.closedByUser) {
           this.stop();
@@ -341,6 +355,8 @@ ui.button.addEventListener("click", () => {
 });
 ui.retry.addEventListener("click", () => start());
 ui.transport.value = new URLSearchParams(location.search).get("transport") || DEFAULT_TRANSPORT;
+ui.transport.addEventListener("change", () => syncSessionFields());
+syncSessionFields(false);
 ui.timeline.before(legend());
 resetTimeline();
 ui.apply.addEventListener("click", () => session && session.configure());

@@ -136,6 +136,8 @@ def load_frontend(
     if quantize:
         _quantize_int8(frontend, dev)
     frontend.source = source
+    if frontend.family:  # the name it was loaded by says which published model it is
+        frontend.family += rl_note(source)
     if role == "frontend" and frontend.lm.dep_q == 0:
         raise FrontendLoadError(
             f"{source} is a speech-to-text model (model_type {frontend.model_type!r}, no depformer): it generates "
@@ -259,10 +261,28 @@ def text_language(tokenizer: sentencepiece.SentencePieceProcessor | None) -> str
     return "ja" if size and kana >= 0.2 * size else "en"
 
 
+RL_SEAMLESS = {  # Kyutai's RL post-trained checkpoints: their base's layout, their own licence
+    "kyutai/moshika-rl-seamless": "Moshi", "kyutai/personaplex-rl-seamless": "PersonaPlex"}
+
+
 def family(lm_config: dict, has_oracle: bool, model_type: str = "moshi", preset: bool = False,
-           language: str = "en") -> str:
+           language: str = "en", source: str = "") -> str:
     """The Moshi-family model a checkpoint is, what KAME runs of it, and the licence of its published weights
-    (docs/frontends.md): for `kame doctor` and the server's start-up log."""
+    (docs/languages.md, README's front-end sources): for `kame doctor` and the server's start-up log; `source`:
+    the name it was loaded by (a hub repo's says which published model it is)."""
+    return _family(lm_config, has_oracle, model_type, preset, language) + rl_note(source)
+
+
+def rl_note(source: str) -> str:
+    """What a family line adds for one of Kyutai's RL post-trained checkpoints (by its hub name), else ""."""
+    repo = source.strip("/").lower()
+    if repo not in RL_SEAMLESS:
+        return ""
+    return (f"; {repo}: {RL_SEAMLESS[repo]} post-trained with RL for pauses, turn-taking, backchannels and "
+            "barge-in (Seamless Interaction data), CC BY-NC 4.0, gated (non-commercial)")
+
+
+def _family(lm_config: dict, has_oracle: bool, model_type: str, preset: bool, language: str) -> str:
     if preset:
         return "a preset (random weights): oracle " + ("trained" if has_oracle else "from text_emb")
     if model_type != "moshi":

@@ -25,6 +25,10 @@ LOGGED_UNREADABLE = 100  # unreadable messages logged one by one (the rest count
 START_ATTEMPTS = 20  # port 0: ports tried before one is free for UDP and TCP (and TLS) at once
 
 
+class _ChosenPortError(OSError):
+    """A port the caller named could not be had: no other port is tried for it."""
+
+
 @dataclass(eq=False)
 class Flow:
     """Where a message came from and where its answers go: a UDP source address, or a stream connection."""
@@ -83,7 +87,8 @@ class SipTransport:
                 return
             except OSError as exc:
                 await self._unlisten()
-                if port != 0 or exc.errno != errno.EADDRINUSE or attempt == START_ATTEMPTS:
+                chosen = isinstance(exc, _ChosenPortError)  # a port the caller named: never another
+                if port != 0 or chosen or exc.errno != errno.EADDRINUSE or attempt == START_ATTEMPTS:
                     raise
 
     async def _listen(self, host: str, port: int, tcp: bool, tls: ssl.SSLContext | None,
@@ -94,8 +99,15 @@ class SipTransport:
         if tcp:
             self._servers.append(await asyncio.start_server(self._stream(self._tcp_flow), host, self.port))
         if tls is not None:
-            server = await asyncio.start_server(self._stream(self._tls_flow), host,
-                                                tls_port if tls_port is not None else self.port + 1, ssl=tls)
+            if tls_port is None and self.port == 65535:  # no next port: port 0 tries another, a named one fails
+                raise OSError(errno.EADDRINUSE, "no port after 65535 for SIP over TLS: name tls_port")
+            try:
+                server = await asyncio.start_server(self._stream(self._tls_flow), host,
+                                                    tls_port if tls_port is not None else self.port + 1, ssl=tls)
+            except OSError as exc:
+                if tls_port is None:
+                    raise
+                raise _ChosenPortError(exc.errno, f"SIP over TLS on port {tls_port}: {exc.strerror}") from exc
             self._servers.append(server)
             self.tls_port = server.sockets[0].getsockname()[1]
 

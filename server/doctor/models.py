@@ -84,7 +84,7 @@ def frontend_check(settings: ServerSettings, cuda: bool, hub: Hub) -> tuple[Chec
     from kame.frontend.loader import family
 
     kind = family(report.lm_config, report.has_oracle, report.info.model_type if report.info else "moshi",
-                  report.info is None, report.language)
+                  report.info is None, report.language, source)
     oracle = "oracle_emb present" if report.has_oracle else "no oracle_emb: initialised from text_emb"
     if "PersonaPlex" in kind:
         oracle = "no oracle_emb: no oracle" if not report.has_oracle else oracle
