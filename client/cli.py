@@ -46,13 +46,15 @@ def add_session_args(parser: argparse.ArgumentParser) -> None:
     """The session's persona and language, as Moshi's protocol asks for them (query parameters)."""
     parser.add_argument("--text-prompt", default=None, metavar="TEXT",
                         help="a role text for a PersonaPlex-layout front-end (PersonaPlex's text_prompt)")
+    parser.add_argument("--voice-prompt", default=None, metavar="NAME",
+                        help="a PersonaPlex voice by name (NATF2.pt; the server's /healthz lists them)")
     parser.add_argument("--language", default=None, choices=["en", "ja"],
                         help="the language the backend thinks in (default: the server's; docs/languages.md)")
 
 
 def session_options(args: argparse.Namespace) -> dict[str, str]:
-    return {name: value for name, value in (("text_prompt", args.text_prompt), ("language", args.language))
-            if value is not None}
+    asked = (("text_prompt", args.text_prompt), ("voice_prompt", args.voice_prompt), ("language", args.language))
+    return {name: value for name, value in asked if value is not None}
 
 
 def add_llm_arg(parser: argparse.ArgumentParser, help_text: str, metavar: str = "PROFILE") -> None:
@@ -100,7 +102,7 @@ def _run_realtime_client(args: argparse.Namespace, pcm) -> int:
 
     if args.llm or not args.realtime or session_options(args):
         raise KameError("--realtime-api streams at real-time pace with the server's default LLM: "
-                        "no --llm, --fast, --text-prompt or --language with it")
+                        "no --llm, --fast, --text-prompt, --voice-prompt or --language with it")
 
     def show(t: float, line: str) -> None:
         if args.json:

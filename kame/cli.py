@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 from kame.errors import KameError
 from kame.flags import add_device_flag, add_frontend_flag
@@ -28,9 +29,6 @@ def _cmd_infer(args: argparse.Namespace) -> int:
     from kame.frontend.loader import check_quantize, resolve_device
 
     check_quantize(args.quantize, resolve_device(args.device))  # the flags before the audio
-    if args.voice_prompt:
-        raise KameError(f"--voice-prompt {args.voice_prompt}: voice prompts are not served yet (the role text, "
-                        "--text-prompt, is); leave it out to run with the model's own voice")
     if args.seed is not None:
         _seed_all(args.seed)
     if args.llm or args.llm_model:
@@ -41,6 +39,7 @@ def _cmd_infer(args: argparse.Namespace) -> int:
     from kame.frontend.engine import GenerationConfig
     from kame.frontend.infer import OracleCue, run_inference
     from kame.frontend.loader import load_frontend
+    from kame.frontend.voices import VoiceLibrary, voices_folder
 
     if len(args.oracle_at) > len(args.oracle):
         raise KameError("each --oracle-at needs an --oracle before it")
@@ -51,7 +50,9 @@ def _cmd_infer(args: argparse.Namespace) -> int:
     gen = None
     if args.greedy:
         gen = dataclasses.replace(GenerationConfig.from_dict(frontend.lm_gen_config), use_sampling=False)
-    result = run_inference(frontend, pcm, cues, tail_s=args.tail, gen=gen, persona=args.text_prompt)
+    voices = VoiceLibrary(voices_folder(args.voice_prompt_dir, frontend.folder))
+    result = run_inference(frontend, pcm, cues, tail_s=args.tail, gen=gen, persona=args.text_prompt,
+                           voice=args.voice_prompt, voices=voices)
     write_wav(args.output, result.audio)
     if args.json:
         print(json.dumps(result.to_json() | {"output": str(args.output)}))
@@ -100,7 +101,7 @@ def _infer_tandem(args: argparse.Namespace) -> int:
     name = CUSTOM if args.llm_model is not None else args.llm
     runtime = start_runtime(args, [name], realtime=True, asr_model=args.asr_model)
     greedy = {"text_temperature": 0, "audio_temperature": 0} if args.greedy else {}
-    config = SessionConfig(persona=args.text_prompt, sampling=greedy)
+    config = SessionConfig(persona=args.text_prompt, voice=args.voice_prompt, sampling=greedy)
     conversation = run_in_process(runtime, lambda: converse_in_process(runtime, pcm, config, tail_s=args.tail))
     write_wav(args.output, conversation.assistant_audio)
     if args.json:
@@ -176,7 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a PersonaPlex-layout front-end's role text, prefilled before the input as NVIDIA's "
                             "offline.py does (its flag)")
     infer.add_argument("--voice-prompt", default=None, metavar="NAME",
-                       help="a PersonaPlex voice by name (NATF2.pt): not served yet, refused")
+                       help="a PersonaPlex voice by name (NATF2.pt), from --voice-prompt-dir or the checkpoint's "
+                            "voices (offline.py's flag)")
+    infer.add_argument("--voice-prompt-dir", default=None, type=Path, metavar="DIR",
+                       help="where the voices are (default: the checkpoint's voices/ or voices.tgz)")
     infer.add_argument("--greedy", action="store_true",
                        help="the most likely token every step, text and audio (offline.py's --greedy)")
     infer.add_argument("--seed", type=int, default=None,

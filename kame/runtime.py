@@ -28,6 +28,7 @@ from kame.frontend.loader import Frontend, check_quantize, load_frontend, resolv
 from kame.frontend.remote import RemoteEngine
 from kame.frontend.runner import BATCH_WINDOW_S, JITTER_FRAMES, MAX_PENDING_FRAMES, EngineRunner
 from kame.frontend.step_policy import EngineClock
+from kame.frontend.voices import VoiceLibrary, voices_folder
 from kame.tools.base import Tool
 from kame.tools.config import ToolConfig
 from kame.tools.knowledge_tool import KnowledgeTool
@@ -74,6 +75,8 @@ class RuntimeSettings:
     breaker_cooldown_s: float = breaker.COOLDOWN_S  # ... for this long
     tools: Mapping[str, ToolConfig] = field(default_factory=dict)  # [tools.NAME]; empty: no tools
     knowledge: KnowledgeOptions | None = None  # None: no knowledge base
+    # PersonaPlex's voices (`.pt`) by name: this folder; None: the checkpoint's voices/ or voices.tgz
+    voices_dir: Path | None = None
 
     def resolved_frontend(self, cuda: bool) -> str:
         return self.frontend or ("SakanaAI/kame" if cuda else "tiny-copy")
@@ -115,6 +118,7 @@ class Runtime:
     tools: ToolRegistry = field(default_factory=ToolRegistry)
     knowledge: Any = None  # kame.knowledge.KnowledgeBase, or None
     remote: RemoteEngine | None = None  # a front process's connection to the engine process
+    voices: VoiceLibrary = field(default_factory=lambda: VoiceLibrary(None))  # PersonaPlex's voices, by name
     _llms: dict[str, LLMClient] = field(default_factory=dict)
 
     @classmethod
@@ -153,6 +157,9 @@ class Runtime:
         try:
             self.tools = ToolRegistry.from_config(settings.tools)
             self.knowledge = open_knowledge(settings.knowledge)
+            self.voices = VoiceLibrary(voices_folder(settings.voices_dir, getattr(self.frontend, "folder", None)))
+            if self.voices.folder is not None:
+                logger.info("voices: %d in %s", len(self.voices.names()), self.voices.folder)
         except BaseException:
             self.close()
             raise
@@ -207,6 +214,8 @@ class Runtime:
             "max_sessions": self.engine.batch_size, "free_slots": self.runner.free_slots,
             "tools": [tool.spec.name for tool in self.session_tools()],
             "knowledge": str(self.settings.knowledge.dir) if self.knowledge is not None else None,
+            "voices": self.voices.names(),  # PersonaPlex's voice_prompt names
+            "language": getattr(self.frontend, "language", "en"),
         }
 
     async def aclose_llms(self) -> None:

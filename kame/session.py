@@ -101,7 +101,7 @@ class TandemSession:
         if runtime.runner.free_slots <= 0:
             raise SlotsBusy(f"all {runtime.engine.batch_size} session slots are busy; try again later")
         on_output = session._on_output_threadsafe  # a frame's output, or the engine's error on the slot
-        prompt = persona_prompt(runtime.frontend, config.persona)
+        prompt = persona_prompt(runtime.frontend, config.persona, config.voice, runtime.voices)
         session.handle = await runtime.runner.acquire_async(on_output, on_output, live=config.realtime,
                                                             sampling=session.sampling, prompt=prompt)
         try:

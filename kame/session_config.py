@@ -22,5 +22,6 @@ class SessionConfig:
     sampling: Mapping[str, float | int | str] = dataclasses.field(default_factory=dict)  # over the checkpoint's
     # a PersonaPlex-layout front-end's role text (prefilled, as its reference does, before the session talks)
     persona: str | None = None
+    voice: str | None = None  # ... and its voice, by name (PersonaPlex's voice_prompt: NATF2.pt)
     # the language the backend thinks in (en, ja; kame/backend/language.py); None: the planner's configured one
     language: str | None = None

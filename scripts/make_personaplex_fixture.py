@@ -14,7 +14,11 @@ sys.path (this project's moshi 0.2.13 never loads there). What is written:
 - `reference.json`: the user's codes fed frame by frame and, for each call of the reference's `LMGen.step`
   (greedy), the frame it returned (text token, the assistant's 8 codebooks; null for the first two calls):
   `plain` (the conversation from the first frame) and `prompted` (voice prompt codes, 6 frames of silence, the
-  text prompt's tokens one a frame, 6 of silence, then the conversation, as `step_system_prompts` runs them).
+  text prompt's tokens one a frame, 6 of silence, then the conversation, as `step_system_prompts` runs them),
+  and `prompted_from_embeddings`: the same prompt with the voice given as a `.pt` (below) instead of codes.
+- `voice.pt`: the voice codes as the reference saves a voice prompt's embeddings (`save_voice_prompt_embeddings`:
+  the summed input embeddings of each step after the first, and the token cache at the end), the format of the
+  `.pt` voices in PersonaPlex's voices.tgz.
 """
 
 from __future__ import annotations
@@ -67,9 +71,39 @@ def run(prompted):
             outputs.append(None if tokens is None else tokens[0, :9, 0].tolist())
     return outputs
 
+def save_voice():
+    # the reference's voice embeddings of the voice codes, as its _step_voice_prompt_core saves them for a WAV
+    gen = LMGen(lm, device="cpu", use_sampling=False, sample_rate=24000, frame_rate=12.5,
+                save_voice_prompt_embeddings=True)
+    gen.streaming_forever(1)
+    gen.reset_streaming()
+    saved = []
+    with torch.no_grad():
+        for codes in voice:
+            gen._step_voice_prompt_frame(codes.view(1, 8, 1), saved)
+    torch.save({"embeddings": torch.stack(saved, dim=0).detach().cpu(), "cache": gen._streaming_state.cache.clone()},
+               out + "/voice.pt")
+
+def run_from_embeddings():
+    # the prompt with the voice given as its .pt (load_voice_prompt_embeddings: replayed, its cache restored)
+    gen = LMGen(lm, device="cpu", use_sampling=False, sample_rate=24000, frame_rate=12.5,
+                audio_silence_frame_cnt=6, text_prompt_tokens=text_prompt)
+    gen.streaming_forever(1)
+    gen.reset_streaming()
+    gen.load_voice_prompt_embeddings(out + "/voice.pt")
+    outputs = []
+    with torch.no_grad():
+        gen.step_system_prompts(None)
+        for codes in user:
+            tokens = gen.step(input_tokens=codes.view(1, 8, 1))
+            outputs.append(None if tokens is None else tokens[0, :9, 0].tolist())
+    return outputs
+
+plain, prompted = run(False), run(True)
+save_voice()
 json.dump({"lm_kwargs": kwargs, "user_codes": user.tolist(), "voice_codes": voice.tolist(),
-           "text_prompt": text_prompt, "silence_frames": 6,
-           "plain": run(False), "prompted": run(True)}, open(out + "/reference.json", "w"))
+           "text_prompt": text_prompt, "silence_frames": 6, "plain": plain, "prompted": prompted,
+           "prompted_from_embeddings": run_from_embeddings()}, open(out + "/reference.json", "w"))
 """
 
 

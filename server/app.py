@@ -257,7 +257,7 @@ def create_app(settings: ServerSettings, services: Services | None = None,
             config = services.settings.session_config(
                 backend=options.backend, asr=options.asr, oracle_delay_s=options.oracle_delay_s,
                 realtime=options.realtime, sampling=options.sampling, persona=options.persona,
-                language=options.language,
+                language=options.language, voice=options.voice,
                 stats_interval_s=services.settings.stats_interval_s if options.events else None)
             return Endpoint("moshi", config, lambda runner, tandem: MoshiCarrier(
                 runner, tandem, options, app.state.codec.stream()), asr=options.asr)

@@ -144,8 +144,9 @@ def test_page_explains_a_refused_connection_and_offers_retry(tandem_server, ques
 
 
 def test_page_asks_for_a_language_and_a_persona_and_shows_why_they_are_refused(tandem_server, question_wav):
-    """The page's Language and Persona fields go into /api/chat's query at Start; the shared server (the bundled
-    English-only Whisper, tiny-copy: no persona) refuses each, and the page says why instead of "full or down".
+    """The page's Language, Persona and Voice fields go into /api/chat's query at Start; the shared server (the
+    bundled English-only Whisper, tiny-copy: no persona) refuses each, and the page says why instead of "full or
+    down".
     With GPT-Live as the transport the fields are off (it does not carry them yet)."""
     url, _ = tandem_server
 
@@ -156,24 +157,25 @@ def test_page_asks_for_a_language_and_a_persona_and_shows_why_they_are_refused(t
         try:
             shown = []
             await page.goto(url.replace("ws://", "http://") + "/?transport=chat")
-            for language, persona in (("ja", ""), ("", "You are a pirate.")):
+            for language, persona, voice in (("ja", "", ""), ("", "You are a pirate.", ""), ("", "", "NATF2.pt")):
                 await page.get_by_label("Language").select_option(language)
                 await page.get_by_label("Persona").fill(persona)
+                await page.get_by_label("Voice").fill(voice)
                 await page.get_by_role("button", name="Start").click()
                 error = page.get_by_role("alert")
                 await error.wait_for(state="visible", timeout=15000)
                 shown.append(await error.text_content())
                 await page.get_by_role("button", name="Start").wait_for(timeout=5000)
             await page.get_by_label("Transport").select_option("live")
-            disabled = [await page.get_by_label(name).is_disabled() for name in ("Language", "Persona")]
+            disabled = [await page.get_by_label(name).is_disabled() for name in ("Language", "Persona", "Voice")]
             return asked, shown, disabled
         finally:
             await browser.close()
             await manager.stop()
 
     asked, shown, disabled = asyncio.run(scenario())
-    assert len(asked) == 2 and "language=ja" in asked[0] and "text_prompt=You+are+a+pirate." in asked[1]
-    assert "text_prompt" not in asked[0] and "language" not in asked[1]
+    assert len(asked) == 3 and "language=ja" in asked[0] and "text_prompt=You+are+a+pirate." in asked[1]
+    assert "text_prompt" not in asked[0] and "language" not in asked[1] and "voice_prompt=NATF2.pt" in asked[2]
     assert shown[0].startswith("The server refused the session: ") and "hears English only, not Japanese" in shown[0]
-    assert "takes no persona" in shown[1]
-    assert disabled == [True, True]
+    assert "takes no persona (a role text)" in shown[1] and "takes no persona (a role text or a voice)" in shown[2]
+    assert disabled == [True, True, True]

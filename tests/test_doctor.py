@@ -283,3 +283,22 @@ def test_doctor_says_which_whisper_hears_japanese():
     assert whisper_languages("tiny.en").startswith("hears English only")
     assert whisper_languages("distil-large-v3").startswith("hears English only")
     assert whisper_languages("small") == "multilingual: hears Japanese too"
+
+
+def test_doctor_names_a_personaplex_front_ends_voices(capsys, tmp_path):
+    """The PersonaPlex-layout fixture as a checkpoint folder: doctor names its family and the voices its sessions
+    may ask for (its voices/ folder), or says there are none."""
+    import shutil
+
+    from .test_personaplex import FIXTURE, REFERENCE, checkpoint
+
+    folder = checkpoint(tmp_path / "repo", REFERENCE["lm_kwargs"])
+    code, lines = doctor(capsys, "--device", "cpu", "--asr", "none", "--frontend", str(folder))
+    [(level, text)] = lines_of(lines, "front-end")
+    assert level == "ok" and "PersonaPlex layout" in text and text.endswith("no voices (voice_prompt refused; "
+                                                                            "set voices_dir)")
+    (folder / "voices").mkdir()
+    shutil.copy(FIXTURE / "voice.pt", folder / "voices" / "TINY0.pt")
+    code, lines = doctor(capsys, "--device", "cpu", "--asr", "none", "--frontend", str(folder))
+    [(level, text)] = lines_of(lines, "front-end")
+    assert text.endswith(f"voices: 1 in {folder / 'voices'} (TINY0.pt)")

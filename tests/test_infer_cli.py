@@ -145,8 +145,8 @@ def test_personaplex_flags_as_offline_py_names_them(personaplex, question_wav, t
     """NVIDIA's offline.py flags on the PersonaPlex-layout fixture: --text-prompt prefills the role text before
     the input (it changes what the model says; the prompt's frames are not in the output, whose frames count
     from the input's first); --greedy repeats exactly; --seed makes a sampled run repeat, and another seed gives
-    another run; --voice-prompt is refused, not ignored. (The text tokens are compared: the fixture's Mimi is
-    random, its audio says little.)"""
+    another run; --voice-prompt names a voice in --voice-prompt-dir (an unknown one is refused). (The text
+    tokens are compared: the fixture's Mimi is random, its audio says little.)"""
     def run(name, *flags):
         out = tmp_path / f"{name}.wav"
         assert main(["infer", "--frontend", str(personaplex), "--device", "cpu", "--input", str(question_wav),
@@ -162,9 +162,15 @@ def test_personaplex_flags_as_offline_py_names_them(personaplex, question_wav, t
     assert persona == run("again", "--greedy", "--text-prompt", "You are a patient teacher.") and persona != plain
     seeded = [run(f"seed{seed}", "--seed", str(seed)) for seed in (1, 1, 2)]
     assert seeded[0] == seeded[1] and seeded[0] != seeded[2]
+    voices = tmp_path / "voices"  # offline.py's --voice-prompt-dir, with the reference-made voice in it
+    voices.mkdir()
+    shutil.copy(Path(__file__).parent / "fixtures" / "personaplex-tiny" / "voice.pt", voices / "TINY0.pt")
+    voiced = run("voiced", "--greedy", "--text-prompt", "You are a patient teacher.", "--voice-prompt", "TINY0.pt",
+                 "--voice-prompt-dir", str(voices))
+    assert voiced != persona  # the voice is part of the prompt
     code = main(["infer", "--frontend", str(personaplex), "--device", "cpu", "--input", str(question_wav),
-                 "--output", str(tmp_path / "v.wav"), "--voice-prompt", "NATF2.pt"])
-    assert code == 2 and "--voice-prompt NATF2.pt: voice prompts are not served yet" in capsys.readouterr().err
+                 "--output", str(tmp_path / "v.wav"), "--voice-prompt", "NATF2.pt", "--voice-prompt-dir", str(voices)])
+    assert code == 2 and "'NATF2.pt': no such voice; there are: TINY0.pt" in capsys.readouterr().err
 
 
 def test_a_role_text_on_a_front_end_without_persona_is_one_clear_line(question_wav, tmp_path, capsys):

@@ -277,9 +277,10 @@ def test_a_prompt_is_stepped_only_where_it_fits_before_the_next_step():
 
 
 def test_a_persona_session_over_api_chat_beside_a_plain_one(tmp_path, caplog):
-    """PersonaPlex's own query (`/api/chat?text_prompt=...`) on a server whose front-end is the PersonaPlex-layout
-    fixture: the persona is prefilled and the session talks, beside a session without one; a `voice_prompt` is
-    refused with a clear reason (voices are not served yet), never silently dropped."""
+    """PersonaPlex's own query (`/api/chat?text_prompt=...&voice_prompt=NAME.pt`) on a server whose front-end is
+    the PersonaPlex-layout fixture, its voices in the checkpoint's voices/ folder (the reference-made voice.pt as
+    TINY0.pt): the persona (role text and voice) is prefilled and the session talks, beside a session without
+    one; an unknown voice is refused naming the voices there are, a path refused as a path."""
     import asyncio
     import logging
 
@@ -288,6 +289,8 @@ def test_a_persona_session_over_api_chat_beside_a_plain_one(tmp_path, caplog):
     from .server_harness import running_server
 
     folder = checkpoint(tmp_path / "repo", REFERENCE["lm_kwargs"])
+    (folder / "voices").mkdir()
+    shutil.copy(FIXTURE / "voice.pt", folder / "voices" / "TINY0.pt")
 
     async def session(url: str, options: dict) -> int:
         client = await KameClient.connect(url + "/api/chat", events=False, audio="pcm", options=options)
@@ -306,20 +309,86 @@ def test_a_persona_session_over_api_chat_beside_a_plain_one(tmp_path, caplog):
         return heard
 
     async def both(url: str) -> list:
-        return await asyncio.gather(session(url, {"text_prompt": "You are a patient teacher."}), session(url, {}))
+        persona = {"text_prompt": "You are a patient teacher.", "voice_prompt": "TINY0.pt"}
+        return await asyncio.gather(session(url, persona), session(url, {}))
 
-    async def refused(url: str) -> str:
+    async def refused(url: str, voice: str) -> str:
         with pytest.raises(ServerRefused) as refusal:
-            await KameClient.connect(url + "/api/chat", options={"text_prompt": "x", "voice_prompt": "NATF0.pt"})
+            await KameClient.connect(url + "/api/chat", options={"text_prompt": "x", "voice_prompt": voice})
         return str(refusal.value)
 
     with caplog.at_level(logging.INFO, logger="kame.frontend.runner"), \
             running_server(frontend=str(folder), asr="none", max_sessions=2) as (url, _):
         heard = asyncio.run(both(url))
-        reason = asyncio.run(refused(url))
+        unknown = asyncio.run(refused(url, "NATF0.pt"))
+        path = asyncio.run(refused(url, "../repo/voices/TINY0.pt"))
     assert heard == [5, 5]
     assert any("persona's prompt" in r.getMessage() and "prefilled" in r.getMessage() for r in caplog.records)
-    assert "voice_prompt" in reason and "not served yet" in reason
+    assert "'NATF0.pt': no such voice; there are: TINY0.pt" in unknown
+    assert "a voice is named, not a path" in path
+
+
+def test_a_pt_voice_replayed_beside_a_talking_session_equals_the_reference(frontend):
+    """A voice given as PersonaPlex's `.pt` (the fixture's voice.pt, saved by the reference's own stepping of the
+    voice codes): KAME steps the LM on its embeddings, puts the cache's tokens back at the voice's last frame,
+    then the silence, the role text and the conversation; its frames equal the reference's run from the same
+    .pt (`prompted_from_embeddings`), frame for frame, with another session talking in the batch."""
+    from kame.frontend.persona import embedding_frames
+    from kame.frontend.voices import read_voice
+
+    lm = frontend.lm
+    voice = read_voice(FIXTURE / "voice.pt", lm.dim, lm.num_codebooks)
+    assert voice.frames == len(REFERENCE["voice_codes"])
+    quiet = [PromptFrame(PAD, SILENCE, SINE)] * REFERENCE["silence_frames"]
+    prompt = (embedding_frames(voice, tuple(lm.delays)) + quiet
+              + [PromptFrame(token, SILENCE, SINE) for token in REFERENCE["text_prompt"]] + quiet)
+    batch = Batch(frontend)
+    try:
+        talker, slot = batch.engine.acquire(), batch.engine.acquire()
+        for values in REFERENCE["user_codes"][:3]:
+            batch.step({talker: values})
+        batch.engine.prefill(slot, prompt, 0, 5)  # in parts, between the other session's steps
+        batch.step({talker: REFERENCE["user_codes"][3]})
+        batch.engine.prefill(slot, prompt, 5)
+        for t, values in enumerate(REFERENCE["user_codes"]):
+            batch.step({slot: values, talker: REFERENCE["user_codes"][(t + 4) % len(REFERENCE["user_codes"])]})
+    finally:
+        batch.engine.close()
+    expected = REFERENCE["prompted_from_embeddings"][1:]  # one call earlier than personaplex's LMGen, as above
+    assert batch.frames[slot][: len(expected)] == expected
+    assert REFERENCE["prompted_from_embeddings"] == REFERENCE["prompted"]  # the reference's .pt is its codes' run
+
+
+def test_voices_are_named_checked_and_unpacked_from_voices_tgz(tmp_path, frontend, monkeypatch):
+    import tarfile
+
+    monkeypatch.setenv("KAME_CACHE", str(tmp_path / "cache"))  # where voices.tgz is unpacked
+
+    from kame.errors import SessionError
+    from kame.frontend.voices import VoiceLibrary, voices_folder
+
+    lm = frontend.lm
+    archive = tmp_path / "ckpt" / "voices.tgz"
+    archive.parent.mkdir()
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(FIXTURE / "voice.pt", arcname="voices/NATF2.pt")
+        tar.add(FIXTURE / "config.json", arcname="voices/../../escape.pt")  # a member reaching out: kept inside
+        tar.add(FIXTURE / "README.md", arcname="voices/notes.txt")  # not a voice: left out
+    folder = voices_folder(None, archive.parent)
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == ["NATF2.pt", "escape.pt"]
+    assert not (tmp_path / "escape.pt").exists()
+    library = VoiceLibrary(folder)
+    assert library.voice("NATF2", lm.dim, lm.num_codebooks).frames == len(REFERENCE["voice_codes"])
+    assert voices_folder(None, archive.parent) == folder  # unpacked once
+    with pytest.raises(SessionError, match="not a PersonaPlex voice file"):
+        library.voice("escape.pt", lm.dim, lm.num_codebooks)
+    with pytest.raises(SessionError, match=r"embeddings of shape \(4, 1, 1, 16\), not \[steps, 1, 1, 32\]"):
+        VoiceLibrary(folder).voice("NATF2.pt", 32, lm.num_codebooks)
+    with pytest.raises(SessionError, match="voices given as audio files are not served yet"):
+        library.voice("mine.wav", lm.dim, lm.num_codebooks)
+    with pytest.raises(SessionError, match="this front-end has no voices"):
+        VoiceLibrary(None).voice("NATF2.pt", lm.dim, lm.num_codebooks)
+    assert voices_folder(tmp_path / "mine", archive.parent) == tmp_path / "mine"  # the configured folder wins
 
 
 def test_a_front_end_without_a_persona_says_so():

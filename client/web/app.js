@@ -20,7 +20,7 @@ const ui = {
   rtt: $("rtt"), rttLabel: $("rtt-label"), jitter: $("jitter"), jitterFigure: $("jitter-figure"),
   ttft: $("ttft"), level: $("level"), played: $("played"),
   transport: $("transport"), remoteAudio: $("remote-audio"), timeline: $("timeline"),
-  language: $("language"), persona: $("persona"),
+  language: $("language"), persona: $("persona"), voice: $("voice"), voices: $("voices"),
 };
 
 // test hooks and figures (read by the browser test)
@@ -72,8 +72,8 @@ function setRunning(running) {
  * the GPT-Live transport yet. */
 function syncSessionFields(running = Boolean(session)) {
   const off = running || ui.transport.value === "live";
-  ui.language.disabled = ui.persona.disabled = off;
-  ui.language.title = ui.persona.title = ui.transport.value === "live" ? "/api/chat only, for now" : "";
+  ui.language.disabled = ui.persona.disabled = ui.voice.disabled = off;
+  ui.language.title = ui.persona.title = ui.voice.title = ui.transport.value === "live" ? "/api/chat only, for now" : "";
 }
 
 function wsUrl() {
@@ -82,6 +82,7 @@ function wsUrl() {
   if (ui.backend.value) params.set("backend", ui.backend.value);
   if (ui.language.value) params.set("language", ui.language.value);
   if (ui.persona.value.trim()) params.set("text_prompt", ui.persona.value.trim());
+  if (ui.voice.value.trim()) params.set("voice_prompt", ui.voice.value.trim());
   const token = new URLSearchParams(location.search).get("token"); // a server with auth_tokens
   if (token) params.set("token", token);
   return `${scheme}://${location.host}/api/chat?${params}`;
@@ -363,4 +364,5 @@ ui.apply.addEventListener("click", () => session && session.configure());
 
 fetch("/healthz").then((r) => r.json()).then((health) => {
   if (health.llm_profiles) fillBackends(health.llm_profiles.map((p) => p.name), health.llm);
+  ui.voices.replaceChildren(...(health.voices || []).map((name) => new Option(name, name)));
 }).catch(() => setStatus("server not ready"));

@@ -77,7 +77,8 @@ def start_runtime(args: argparse.Namespace, names: Sequence[str | None], realtim
                                          quantize=getattr(args, "quantize", None), max_sessions=1,
                                          asr=args.asr, asr_model=asr_model, profiles=profiles, default_profile=default,
                                          asr_realtime=realtime, engine_clock="eager",
-                                         asr_options=asr_options or {}))
+                                         asr_options=asr_options or {},
+                                         voices_dir=getattr(args, "voice_prompt_dir", None)))
 
 
 def run_in_process(runtime: Runtime, main: Callable[[], Awaitable[T]]) -> T:

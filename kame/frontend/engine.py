@@ -53,15 +53,22 @@ class FrameOutput:
     applied: tuple[AppliedUpdate, ...] = ()  # oracle updates applied just before this frame
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PromptFrame:
     """One frame a slot is stepped through with every stream given (a persona's prompt, as PersonaPlex's
     reference runs it): the text token and the assistant's codebooks win over what the LM samples, the user's
-    codebooks are its input."""
+    codebooks are its input.
+
+    A voice given as PersonaPlex's `.pt` holds no tokens but each step's summed input embedding: such a frame
+    (`embedding`, [dim]) steps the LM on it as it is (its tokens are placeholders, never written). `restore`: the
+    token of every stream (text, the assistant's, the user's) at this frame's position, put back before it is
+    stepped, as the reference restores its token cache after replaying a voice's embeddings."""
 
     text: int
     assistant: tuple[int, ...]
     user: tuple[int, ...]
+    embedding: torch.Tensor | None = None
+    restore: tuple[int, ...] | None = None
 
 
 class BatchedEngine:
@@ -270,20 +277,60 @@ class BatchedEngine:
         try:
             with contextlib.nullcontext() if self._compile else no_compile():
                 for frame in frames[begin:end]:
+                    if frame.restore is not None:
+                        state = self._state
+                        at = int(state.offsets[row]) % state.cache.shape[2]
+                        state.cache[row, :, at] = torch.tensor(frame.restore, device=state.cache.device)
                     codes = torch.zeros(n, len(frame.user), 1, dtype=torch.long)
                     codes[row, :, 0] = torch.tensor(frame.user)
                     self._state.condition_sum = self.oracle_condition([padding] * n)
                     self.lm_gen.set_exec_mask(mask)
-                    self.lm_gen.step(codes.to(self.device))
+                    with self._given_input(row, frame.embedding):
+                        self.lm_gen.step(codes.to(self.device))
                     self._frames[slot] += 1
                     state = self._state
                     position = int(state.offsets[row])  # the position this step wrote
                     for stream, delay in enumerate(delays):
                         index = position - delay - start  # the prompt frame whose token sits there
-                        if 0 <= index < len(frames):
+                        if 0 <= index < len(frames) and frames[index].embedding is None:
                             state.cache[row, stream, position % state.cache.shape[2]] = streams[index, stream]
         finally:
             self._rows.sync()
+
+    @contextlib.contextmanager
+    def _given_input(self, row: int, embedding: torch.Tensor | None):
+        """Within it, an LM step takes `embedding` as `row`'s summed input embedding instead of the one its tokens
+        make: moshi's `forward_text` with the row's input given (the other rows' as moshi sums them), run
+        uncaptured (a prompt's few frames; CUDA graphs captured it without the override)."""
+        if embedding is None:
+            yield
+            return
+        lm, state = self.lm_gen.lm_model, self._state
+        given = embedding.to(self.device, lm.dtype).reshape(1, -1)
+
+        def main(sequence, sum_condition=None, cross_attention_src=None):
+            input_ = None  # summed as moshi sums it: the audio codebooks, then the text
+            for cb_index in range(lm.num_audio_codebooks):
+                audio = lm.emb[cb_index](sequence[:, cb_index + lm.audio_offset])
+                input_ = audio if input_ is None else input_ + audio
+            text = lm.text_emb(sequence[:, 0])
+            input_ = text if input_ is None else input_ + text
+            if sum_condition is not None:
+                input_ = input_ + sum_condition.to(input_)
+            input_ = input_.clone()
+            input_[row] = given
+            if cross_attention_src is not None:
+                cross_attention_src = cross_attention_src.to(input_)
+            out = lm.transformer(input_, cross_attention_src=cross_attention_src)
+            if lm.out_norm:
+                out = lm.out_norm(out)
+            return out, lm.text_linear(out)[:, None]
+
+        captured, state.graphed_main = state.graphed_main, main
+        try:
+            yield
+        finally:
+            state.graphed_main = captured
 
     def _pcm_batch(self, frames: Mapping[int, np.ndarray], n: int) -> torch.Tensor:
         pcm = torch.zeros(n, 1, FRAME_SIZE, dtype=torch.float32)

@@ -12,6 +12,7 @@ from kame.frontend.engine import FRAME_RATE, BatchedEngine, GenerationConfig
 from kame.frontend.loader import Frontend
 from kame.frontend.oracle import OracleUpdate, PieceDecoder, tokenize_words
 from kame.frontend.persona import persona_prompt
+from kame.frontend.voices import VoiceLibrary
 
 
 @dataclass(frozen=True)
@@ -56,11 +57,13 @@ def run_inference(
     tail_s: float = 1.0,
     gen: GenerationConfig | None = None,
     persona: str | None = None,
+    voice: str | None = None,
+    voices: VoiceLibrary | None = None,
 ) -> InferResult:
     """Step the front-end over `pcm` (24 kHz mono) plus `tail_s` of silence, applying `cues`; `persona`: a
     PersonaPlex-layout front-end's role text, prefilled first as its reference does (SessionError elsewhere).
     Frames and times count from the conversation's first frame, the prompt's left out."""
-    prompt = persona_prompt(frontend, persona)
+    prompt = persona_prompt(frontend, persona, voice, voices)
     if cues and frontend.tokenizer is None:
         raise KameError(f"front-end {frontend.source!r} has no text tokenizer, so it cannot take an oracle")
     pcm = np.concatenate([pcm, np.zeros(int(tail_s * SAMPLE_RATE), dtype=np.float32)])

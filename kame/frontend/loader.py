@@ -60,6 +60,7 @@ class Frontend:
     model_type: str = "moshi"  # config.json's model_type (moshi, stt, hibiki, ...)
     family: str = ""  # which Moshi-family model it is, what KAME runs of it, its weights' licence (`family`)
     language: str = "en"  # the language of its text stream (its tokenizer's: `text_language`): ja for J-Moshi
+    folder: Path | None = None  # the checkpoint's folder (its voices/ or voices.tgz, where it has them)
 
     @property
     def device(self) -> torch.device:
@@ -339,7 +340,8 @@ def _load_checkpoint(info: CheckpointInfo, device: torch.device, dtype: torch.dt
     language = text_language(checked.tokenizer)
     kind = family(checked.kwargs, oracle_weight is not None, info.model_type, language=language)
     return Frontend(lm, oracle, _mimi(info, device, lm), checked.tokenizer, dict(info.lm_gen_config),
-                    stt_config=dict(info.stt_config), model_type=info.model_type, family=kind, language=language)
+                    stt_config=dict(info.stt_config), model_type=info.model_type, family=kind, language=language,
+                    folder=checked.path.parent)
 
 
 def _merge_lora(lm: LMModel, info: CheckpointInfo, lora: dict, device: torch.device, dtype: torch.dtype) -> LMModel:

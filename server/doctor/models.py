@@ -88,7 +88,19 @@ def frontend_check(settings: ServerSettings, cuda: bool, hub: Hub) -> tuple[Chec
     oracle = "oracle_emb present" if report.has_oracle else "no oracle_emb: initialised from text_emb"
     if "PersonaPlex" in kind:
         oracle = "no oracle_emb: no oracle" if not report.has_oracle else oracle
+        kind += "; " + voices_line(settings.voices_dir, Path(report.info.moshi_weights).parent if report.info else None)
     return Check("ok", "front-end", f"{source} ({why}): {describe(report)}, {oracle}; {kind}"), probe
+
+
+def voices_line(configured: Path | None, checkpoint: Path | None) -> str:
+    """Which voices a PersonaPlex front-end's sessions may name (nothing unpacked here)."""
+    if configured is None and checkpoint is not None and (checkpoint / "voices.tgz").is_file():
+        return f"voices: {checkpoint / 'voices.tgz'} (unpacked at start)"
+    folder = configured if configured is not None else (checkpoint / "voices" if checkpoint is not None else None)
+    if folder is None or not Path(folder).expanduser().is_dir():
+        return "no voices (voice_prompt refused; set voices_dir)"
+    names = sorted(p.name for p in Path(folder).expanduser().iterdir() if p.suffix == ".pt")
+    return f"voices: {len(names)} in {folder} ({', '.join(names[:6])}{' ...' if len(names) > 6 else ''})"
 
 
 def asr_checks(settings: ServerSettings, cuda: bool, hub: Hub) -> tuple[list[Check], Probe | None]:

@@ -45,6 +45,7 @@ class SessionOptions:
     ignored: tuple[str, ...] = ()  # parameters Moshi's clients send that this server cannot honour
     persona: str | None = None  # PersonaPlex's `text_prompt`: the role text a PersonaPlex-layout front-end takes
     language: str | None = None  # ?language=ja: the language the backend thinks in (None: the server's)
+    voice: str | None = None  # PersonaPlex's `voice_prompt`: a voice by name (NATF2.pt)
 
     @classmethod
     def from_query(cls, params) -> SessionOptions:
@@ -62,11 +63,10 @@ class SessionOptions:
             sampling = {name: getattr(Sampling().updated(asked), name) for name in asked}
         except ValueError as exc:
             raise ProtocolError(str(exc)) from exc
-        if "voice_prompt" in params:  # PersonaPlex's client always names one
-            raise ProtocolError("voice_prompt: voice prompts are not served yet (only the role text, text_prompt)")
         return cls(_flag(params, "events", False), audio, params.get("backend"), _flag(params, "asr", True), delay,
                    _flag(params, "realtime", True), sampling, tuple(name for name in _IGNORED if name in params),
-                   params.get("text_prompt") or None, _language(params.get("language")))
+                   params.get("text_prompt") or None, _language(params.get("language")),
+                   params.get("voice_prompt") or None)
 
 
 def _language(value: str | None) -> str | None:

@@ -1,0 +1,140 @@
+"""PersonaPlex's voices, by name: the `.pt` files of its `voices.tgz` (NATF0.pt ... VARM4.pt).
+
+A `.pt` voice holds no Mimi codes but what the reference saved while stepping through a voice's codes: each
+step's summed input embedding (`embeddings`, [steps, 1, 1, dim]; the first frame takes no step of its own) and
+the generator's token cache at the end (`cache`, [1, streams, positions], the reference's ring of max_delay + 3
+positions). KAME replays it as the reference does (kame/frontend/persona.py: a frame per embedding, the LM
+stepped on it as it is; the cache's tokens put back at the voice's last frame).
+
+Voices are looked up by name only, never by path: in the configured folder (`voices_dir`), else the checkpoint's
+own `voices/` folder, else its `voices.tgz` (unpacked once into a cache folder of ours).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kame.errors import SessionError
+
+logger = logging.getLogger(__name__)
+
+VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+VOICE_SUFFIXES = (".pt",)
+
+
+@dataclass(frozen=True, eq=False)
+class VoiceEmbeddings:
+    """A voice as the reference saves it: a summed input embedding per step ([steps, dim]) and the token cache
+    after its last frame ([streams, positions])."""
+
+    name: str
+    embeddings: torch.Tensor
+    cache: torch.Tensor
+
+    @property
+    def frames(self) -> int:
+        """The voice's frames (one more than its steps: the first is the start of the sequence)."""
+        return len(self.embeddings) + 1
+
+
+def read_voice(path: Path, dim: int, streams: int) -> VoiceEmbeddings:
+    """A `.pt` voice, checked against the model it is for (SessionError naming what does not fit)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)  # the reference saves its cache on its GPU
+    except Exception as exc:  # a truncated or foreign file: torch raises many kinds
+        raise SessionError(f"voice {path.name}: not a PersonaPlex voice file ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(state, dict) or not {"embeddings", "cache"} <= state.keys():
+        raise SessionError(f"voice {path.name}: not a PersonaPlex voice file (no 'embeddings' and 'cache')")
+    embeddings, cache = state["embeddings"], state["cache"]
+    if embeddings.dim() != 4 or embeddings.shape[1:3] != (1, 1) or embeddings.shape[3] != dim or not len(embeddings):
+        raise SessionError(f"voice {path.name}: embeddings of shape {tuple(embeddings.shape)}, not "
+                           f"[steps, 1, 1, {dim}]: made for another model")
+    if cache.dim() != 3 or cache.shape[0] != 1 or cache.shape[1] != streams:
+        raise SessionError(f"voice {path.name}: a token cache of shape {tuple(cache.shape)}, not [1, {streams}, "
+                           "positions]: made for another model")
+    return VoiceEmbeddings(path.stem, embeddings.reshape(len(embeddings), dim), cache[0].to(torch.long))
+
+
+class VoiceLibrary:
+    """The voices a server offers, by name (`NATF2.pt` or `NATF2`)."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self.folder = folder
+        self._cache: dict[str, VoiceEmbeddings] = {}
+
+    def names(self) -> list[str]:
+        if self.folder is None or not self.folder.is_dir():
+            return []
+        return sorted(p.name for p in self.folder.iterdir() if p.suffix in VOICE_SUFFIXES and p.is_file())
+
+    def voice(self, name: str, dim: int, streams: int) -> VoiceEmbeddings:
+        """The voice named `name`; SessionError for a path, an unknown name, or a front-end without voices."""
+        if not VOICE_NAME.fullmatch(name) or ".." in name:
+            raise SessionError(f"voice_prompt {name[:60]!r}: a voice is named, not a path (such as NATF2.pt)")
+        if self.folder is None:
+            raise SessionError("this front-end has no voices: voice prompts come with PersonaPlex checkpoints "
+                               "(voices.tgz), or set voices_dir")
+        file = name if name.endswith(VOICE_SUFFIXES) else name + ".pt"
+        path = self.folder / file
+        if not path.is_file():
+            known = self.names()
+            listed = ", ".join(known[:24]) + (" ..." if len(known) > 24 else "")
+            raise SessionError(f"voice_prompt {name!r}: no such voice; there are: {listed or 'none'}"
+                               + ("" if name.endswith(VOICE_SUFFIXES) or not Path(name).suffix else
+                                  " (voices given as audio files are not served yet: only .pt voices)"))
+        key = f"{path}:{path.stat().st_mtime_ns}"
+        if key not in self._cache:
+            self._cache[key] = read_voice(path, dim, streams)
+        return self._cache[key]
+
+
+def voices_folder(configured: Path | None, checkpoint: Path | None) -> Path | None:
+    """Where a server's voices are: `configured`, else the checkpoint folder's `voices/`, else its `voices.tgz`
+    unpacked into our cache (once per archive); None: no voices."""
+    if configured is not None:
+        return Path(configured).expanduser()
+    if checkpoint is None:
+        return None
+    if (checkpoint / "voices").is_dir():
+        return checkpoint / "voices"
+    archive = checkpoint / "voices.tgz"
+    if archive.is_file():
+        return unpack_voices(archive)
+    return None
+
+
+def unpack_voices(archive: Path) -> Path:
+    """`voices.tgz` unpacked (its `.pt` files only, no links, nothing outside) into ~/.cache/kame/voices/<digest>."""
+    digest = hashlib.sha256()
+    with open(archive, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    root = Path(os.environ.get("KAME_CACHE", Path.home() / ".cache" / "kame")) / "voices" / digest.hexdigest()[:16]
+    done = root / ".unpacked"
+    if done.is_file():
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with tarfile.open(archive, "r:*") as tar:
+        for member in tar.getmembers():
+            name = Path(member.name).name
+            if not member.isfile() or not name.endswith(VOICE_SUFFIXES) or not VOICE_NAME.fullmatch(name):
+                continue
+            source = tar.extractfile(member)
+            if source is None:
+                continue
+            partial = root / (name + ".partial")
+            partial.write_bytes(source.read())
+            partial.replace(root / name)
+            count += 1
+    done.write_text(str(count))
+    logger.info("voices: %d unpacked from %s into %s", count, archive, root)
+    return root
