@@ -28,7 +28,7 @@ from kame.frontend.loader import Frontend, check_quantize, load_frontend, resolv
 from kame.frontend.remote import RemoteEngine
 from kame.frontend.runner import BATCH_WINDOW_S, JITTER_FRAMES, MAX_PENDING_FRAMES, EngineRunner
 from kame.frontend.step_policy import EngineClock
-from kame.frontend.voices import VoiceLibrary, voices_folder
+from kame.frontend.voices import VoiceLibrary, frontend_voices
 from kame.tools.base import Tool
 from kame.tools.config import ToolConfig
 from kame.tools.knowledge_tool import KnowledgeTool
@@ -157,7 +157,7 @@ class Runtime:
         try:
             self.tools = ToolRegistry.from_config(settings.tools)
             self.knowledge = open_knowledge(settings.knowledge)
-            self.voices = VoiceLibrary(voices_folder(settings.voices_dir, getattr(self.frontend, "folder", None)))
+            self.voices = VoiceLibrary(frontend_voices(settings.voices_dir, self.frontend))
             if self.voices.folder is not None:
                 logger.info("voices: %d in %s", len(self.voices.names()), self.voices.folder)
         except BaseException:

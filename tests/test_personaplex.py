@@ -435,3 +435,38 @@ def test_sampling_defaults_are_the_references_and_each_session_may_have_its_own(
     finally:
         engine.close()
     assert Sampling() == default
+
+
+def test_a_hub_personaplex_gets_its_voices_tgz_from_the_hub_cache(tmp_path, frontend, monkeypatch):
+    """A PersonaPlex-layout front-end named by its hub repo, whose voices.tgz is in the hub cache but not beside the
+    weights the loader read: the server fetches it through huggingface_hub (offline here: the cache) and unpacks
+    it; a Moshi-layout front-end never asks for one."""
+    import tarfile
+    from types import SimpleNamespace
+
+    from huggingface_hub import constants
+
+    from kame.frontend.voices import frontend_voices
+    from kame.testing.hub_layouts import hf_cache_repo
+
+    files = tmp_path / "files"
+    files.mkdir()
+    with tarfile.open(files / "voices.tgz", "w:gz") as tar:
+        tar.add(FIXTURE / "voice.pt", arcname="voices/NATM1.pt")
+    hf_cache_repo(tmp_path / "hub", "nvidia/personaplex-7b-v1", files)
+    from huggingface_hub.utils import reset_sessions
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("KAME_CACHE", str(tmp_path / "cache"))
+    try:
+        hub = SimpleNamespace(lm=frontend.lm, source="nvidia/personaplex-7b-v1", folder=tmp_path / "weights-only")
+        folder = frontend_voices(None, hub)
+        assert folder is not None and (folder / "NATM1.pt").is_file()
+        plain = SimpleNamespace(lm=SimpleNamespace(predicted_q=None), source="nvidia/personaplex-7b-v1", folder=None)
+        assert frontend_voices(None, plain) is None
+        missing = SimpleNamespace(lm=frontend.lm, source="nvidia/not-cached", folder=None)
+        assert frontend_voices(None, missing) is None  # offline and not cached: no voices, said in the log
+    finally:
+        reset_sessions()  # the HTTP sessions made meanwhile stay offline for good (per thread, cached)

@@ -111,6 +111,24 @@ def voices_folder(configured: Path | None, checkpoint: Path | None) -> Path | No
     return None
 
 
+def frontend_voices(configured: Path | None, frontend) -> Path | None:
+    """A server's voices folder (`voices_folder`); for a PersonaPlex-layout front-end from the hub whose
+    `voices.tgz` is not in the cache yet, downloaded (huggingface_hub: its cache, HF_TOKEN, HF_HUB_OFFLINE)."""
+    folder = voices_folder(configured, getattr(frontend, "folder", None))
+    lm, source = getattr(frontend, "lm", None), getattr(frontend, "source", "") or ""
+    if folder is not None or not getattr(lm, "predicted_q", None) or Path(source).expanduser().exists() \
+            or source.count("/") != 1:
+        return folder
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return unpack_voices(Path(hf_hub_download(source, "voices.tgz")))
+    except Exception as exc:  # offline, gated, or no voices in that repo: sessions may still use a role text
+        logger.info("no voices for %s (%s: %s): voice_prompt is refused; set voices_dir", source,
+                    type(exc).__name__, exc)
+        return None
+
+
 def unpack_voices(archive: Path) -> Path:
     """`voices.tgz` unpacked (its `.pt` files only, no links, nothing outside) into ~/.cache/kame/voices/<digest>."""
     digest = hashlib.sha256()
