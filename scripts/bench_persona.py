@@ -3,11 +3,13 @@ its slot, and whether the sessions already talking lose a frame meanwhile (docs/
 prefill beside talking sessions").
 
     python scripts/bench_persona.py --levels 1,4,16 --seconds 6
+    python scripts/bench_persona.py --frontend personaplex-7b-random --device cuda --levels 1,8,32   # a GPU
 
-The front-end is the PersonaPlex-layout test fixture (tests/fixtures/personaplex-tiny: a tiny random LM, with a
-random Mimi of its card) on the engine's own thread (EngineRunner, the tick clock), as the server runs it. At each
-level, N sessions push a frame of audio every 80 ms (a thread, real time) and read what comes back; after 2 s a
-persona session is acquired with a prompt of PROMPT_FRAMES frames (a voice of 10 s, a role text, the silences).
+The front-end is (by default) the PersonaPlex-layout test fixture (tests/fixtures/personaplex-tiny: a tiny random
+LM, with a random Mimi of its card) on the engine's own thread (EngineRunner, the tick clock), as the server runs
+it. At each level, N sessions push a frame of audio every 80 ms (a thread, real time) and read what comes back;
+after 2 s a persona session is acquired with a prompt of PROMPT_FRAMES frames (a voice of 10 s, a role text, the
+silences).
 Reported: the prefill's wall time; each talking session's frames out and how late they came (the time from a
 frame's push to its output, p50/p99/max, and how many took longer than a frame) during the prefill, and the same
 in a run at the same level with no persona (the baseline), side by side.
@@ -32,9 +34,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kame.frontend.engine import BatchedEngine  # noqa: E402
+from kame.frontend.engine import BatchedEngine, PromptFrame  # noqa: E402
 from kame.frontend.loader import load_frontend  # noqa: E402
-from kame.frontend.persona import Persona, prompt_frames  # noqa: E402
+from kame.frontend.persona import SILENCE_CODES, SINE_CODES, Persona, prompt_frames  # noqa: E402
 from kame.frontend.presets import TINY_COPY_DIR  # noqa: E402
 from kame.frontend.runner import EngineRunner  # noqa: E402
 from kame.frontend.sampling import GenerationConfig  # noqa: E402
@@ -85,6 +87,20 @@ class Talker:
         self.handle.push_frame(np.zeros(1920, np.float32))
 
 
+def persona_frames(frontend) -> list:
+    """The prompt: 10 s of a voice, the silences, ROLE (as tokens of the tokenizer; a preset without one: as many
+    token ids as the tiny tokenizer makes of it)."""
+    voice = tuple(tuple(int(c) for c in np.random.default_rng(1).integers(0, 2048, 8)) for _ in range(VOICE_FRAMES))
+    if frontend.tokenizer is not None:
+        return prompt_frames(Persona(ROLE, voice), frontend.tokenizer)
+    import sentencepiece
+
+    count = len(sentencepiece.SentencePieceProcessor(model_file=str(TINY_COPY_DIR / "tokenizer.model")).encode(ROLE))
+    frames = prompt_frames(Persona(None, voice), None)
+    quiet = frames[VOICE_FRAMES:]
+    return frames + [PromptFrame(100 + i, SILENCE_CODES, SINE_CODES) for i in range(count)] + quiet
+
+
 def run(frontend, sessions: int, seconds: float, window_s: float | None) -> dict:
     """With a persona's prefill (`window_s` None), or none and a window of `window_s` (the baseline)."""
     engine = BatchedEngine(frontend, batch_size=sessions + 1, gen=GenerationConfig(use_sampling=True))
@@ -105,8 +121,7 @@ def run(frontend, sessions: int, seconds: float, window_s: float | None) -> dict
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
         time.sleep(2.0)
-        prompt = prompt_frames(Persona(ROLE, tuple(tuple(int(c) for c in np.random.default_rng(1).integers(
-            0, 2048, 8)) for _ in range(VOICE_FRAMES))), frontend.tokenizer)
+        prompt = persona_frames(frontend)
         started = time.perf_counter()
         if window_s is None:
             runner.acquire(lambda out: None, timeout=120, prompt=prompt)
@@ -134,11 +149,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levels", default="1,4,16")
     parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--frontend", default=None, help="a PersonaPlex-layout source (default: the test fixture)")
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        frontend = load_frontend(str(fixture_folder(Path(tmp))), device="cpu", dtype=torch.float32)
+        if args.frontend is None:
+            frontend = load_frontend(str(fixture_folder(Path(tmp))), device=args.device, dtype=torch.float32)
+        else:
+            frontend = load_frontend(args.frontend, device=args.device)
+        if not getattr(frontend.lm, "predicted_q", None):
+            sys.exit(f"{args.frontend}: not a PersonaPlex-layout front-end (it takes no persona)")
         print("| sessions talking | prompt frames | prefill s | frames out during it (with / without) | "
               "push-to-output p50 / p99 / max ms (with) | (without) | over 80 ms (with / without) | "
               "skipped to live, whole run (with / without) |")

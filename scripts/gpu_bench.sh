@@ -13,7 +13,9 @@
 #  C4 host: the host side alone (--frontend null) at 64/128/192 sessions, one process against 2 fronts;
 #  C5 kv-quality: bf16 against int8 KV on the 7B, teacher-forced over 300 frames (scripts/kv_quality.py);
 #  C6 one-of-many: the whole server's round trip for one session on 128 slots against 1 slot;
-#  C7 long: one slot for 6000 frames (past the 3000-frame context): step time early and late, peak memory.
+#  C7 long: one slot for 6000 frames (past the 3000-frame context): step time early and late, peak memory;
+#  C8 persona: a PersonaPlex-layout 7B (random weights) prefilling a persona (10 s of voice, a role text) beside
+#     1, 8, 32 talking sessions: the prefill's time, the talking sessions' frames late or skipped meanwhile.
 # GPU_BENCH_SET=all: the earlier passes instead (measured 2026-12-04, docs/benchmarks.md "GPU"):
 #  1. the checks only a GPU can make (`pytest -m gpu`: tests/test_gpu.py, CUDA graphs with per-session sampling
 #     and per view size, int8 weights, a Kyutai-layout checkpoint read onto CUDA; tests/test_int8_attention.py,
@@ -51,7 +53,7 @@ SET=${GPU_BENCH_SET:-capacity}
 if [ "${GPU_BENCH_DRY:-0}" = 1 ]; then
     MODEL=tiny; DEVICE=cpu; SESSIONS=4; CLIENTS=1; TRAIN=(--dry-run); HOST_LEVELS=2,4; HOST_PROFILE=4
     CAP_SLOTS=4; CAP_LEVELS=2,4; CAP_CLIENTS=1; CAP_FRONTS=2; ROWS_SESSIONS=1,2; PROFILE_BATCHES=2,4
-    CAP_HOST_LEVELS=2,4; KVQ_FRAMES=60; LONG_FRAMES=200
+    CAP_HOST_LEVELS=2,4; KVQ_FRAMES=60; LONG_FRAMES=200; PERSONA=(--levels 1,2 --seconds 4)
 else
     # the load generator carries ~30 sessions per process (its Opus encoding holds the GIL): 64 need several,
     # else it, not the server, is what saturates (one process did at 64 on the H200, 2026-12-04)
@@ -60,6 +62,7 @@ else
     # 128 sessions: ~30 per load process, and the host side split over 2 fronts (docs/scaling.md)
     CAP_SLOTS=128; CAP_LEVELS=32,64,96,128; CAP_CLIENTS=8; CAP_FRONTS=2; ROWS_SESSIONS=1,8,32
     PROFILE_BATCHES=64,128; CAP_HOST_LEVELS=64,128,192; KVQ_FRAMES=300; LONG_FRAMES=6000
+    PERSONA=(--frontend personaplex-7b-random --device cuda --levels 1,8,32 --seconds 8)
 fi
 if [ -d .whl ]; then  # offline: the image's python3 and torch, the rest from the wheels beside the code
     SITE=${KAME_SITE:-/tmp/kame-site}
@@ -146,6 +149,9 @@ skip one-of-many || [ "$(limit 220)" -lt 120 ] || timeout "$(limit 220)" python3
 skip long || timeout "$(limit 150)" python3 scripts/bench_capacity.py engine --frontend $MODEL --device $DEVICE \
     --slots 1 --sessions 1 --frames $LONG_FRAMES --warmup 0 --rounds 1 --json-out "$OUT/long.json" \
     2>"$OUT/long.log" | tee "$OUT/long.md" || true
+# C8. a persona's prefill (PersonaPlex 7B layout) beside 1, 8, 32 talking sessions: its time, their frames' lag
+skip persona || timeout "$(limit 150)" python3 scripts/bench_persona.py "${PERSONA[@]}" \
+    2>"$OUT/persona.log" | tee "$OUT/persona.md" || true
 fi
 
 if [ "$SET" = all ]; then
@@ -285,6 +291,7 @@ section() {  # TITLE FILE [PATTERN]: a file's table lines (or all of it) under a
     section "int8 KV cache against bf16 (teacher-forced)" "$OUT/kv-quality.md"
     section "One session on $CAP_SLOTS slots against 1 (whole server)" "$OUT/one-of-many.md" '^\||^whole'
     section "One slot past its context" "$OUT/long.md" '^\||^engine'
+    section "A persona's prefill beside talking sessions (PersonaPlex 7B layout)" "$OUT/persona.md" '^\|'
   fi
   section "Front-end engine" "$OUT/frontend.md" '^\||^front-end'
   section "Front-end engine, int8" "$OUT/frontend-int8.md" '^\||^front-end|skipped'

@@ -414,8 +414,12 @@ def _load_random(preset: RandomPreset, device: torch.device, dtype: torch.dtype,
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(preset.seed)
         lm = _new_lm(preset.lm_kwargs(), device, dtype, f"preset {preset.name}")
-        mimi = _build_mimi(preset.mimi_config, preset.lm_config, device)
-    oracle_emb = _oracle_embedding(lm, None, f"preset {preset.name}", device, dtype) if role == "frontend" else None
+        mimi = _build_mimi(preset.mimi_config, {**preset.lm_config, "dep_q": min(8, preset.lm_config["dep_q"])},
+                           device)
+    assistant_layout(lm)  # a PersonaPlex-layout preset steps the assistant's codebooks only
+    persona = bool(getattr(lm, "predicted_q", None))  # ... and, as PersonaPlex, takes no oracle
+    oracle_emb = (_oracle_embedding(lm, None, f"preset {preset.name}", device, dtype)
+                  if role == "frontend" and not persona else None)
     tokenizer = _load_tokenizer(preset.tokenizer)
     _check_tokenizer(tokenizer, lm, preset.tokenizer)
     return Frontend(lm, oracle_emb, mimi, tokenizer, dict(preset.lm_gen_config), stt_config=dict(preset.stt_config))

@@ -175,6 +175,16 @@ RANDOM_PRESETS: dict[str, RandomPreset] = {
         tokenizer=None,
         description="Moshi 7B architecture with random weights, for GPU benchmarks",
     ),
+    # PersonaPlex's layout at 7B (the depformer predicts the user's 8 codebooks too; KAME steps the assistant's
+    # 8): a persona's prefill measured at full size (scripts/bench_persona.py, gpu_bench.sh's persona pass)
+    "personaplex-7b-random": RandomPreset(
+        name="personaplex-7b-random",
+        lm_config={**MOSHI_7B_LM_CONFIG, "dep_q": 16, "depformer_context": 16},
+        mimi_config=None,
+        lm_gen_config=MOSHI_GEN_CONFIG,
+        tokenizer=None,
+        description="PersonaPlex 7B layout with random weights, for GPU benchmarks of a persona's prefill",
+    ),
 }
 
 # A Kyutai-STT-shaped model (no depformer, text out, end-of-turn heads) for the kyutai-stt plumbing.
