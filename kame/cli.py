@@ -39,7 +39,7 @@ def _cmd_infer(args: argparse.Namespace) -> int:
     from kame.frontend.engine import GenerationConfig
     from kame.frontend.infer import OracleCue, run_inference
     from kame.frontend.loader import load_frontend
-    from kame.frontend.voices import VoiceLibrary, voices_folder
+    from kame.frontend.voices import VoiceLibrary, frontend_voices
 
     if len(args.oracle_at) > len(args.oracle):
         raise KameError("each --oracle-at needs an --oracle before it")
@@ -50,7 +50,7 @@ def _cmd_infer(args: argparse.Namespace) -> int:
     gen = None
     if args.greedy:
         gen = dataclasses.replace(GenerationConfig.from_dict(frontend.lm_gen_config), use_sampling=False)
-    voices = VoiceLibrary(voices_folder(args.voice_prompt_dir, frontend.folder))
+    voices = VoiceLibrary(frontend_voices(args.voice_prompt_dir, frontend)) if args.voice_prompt else None
     result = run_inference(frontend, pcm, cues, tail_s=args.tail, gen=gen, persona=args.text_prompt,
                            voice=args.voice_prompt, voices=voices)
     write_wav(args.output, result.audio)

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import torch
 
-from kame.asr import AsrEngine, build_asr
+from kame.asr import AsrEngine, build_asr, hears
 from kame.backend import breaker, make_llm
 from kame.backend.breaker import CircuitBreakerLLM
 from kame.backend.llm import LLMClient
@@ -158,6 +158,9 @@ class Runtime:
             self.tools = ToolRegistry.from_config(settings.tools)
             self.knowledge = open_knowledge(settings.knowledge)
             self.voices = VoiceLibrary(frontend_voices(settings.voices_dir, self.frontend))
+            if why := hears(self.asr, self.language):
+                logger.warning("sessions think in %s by default, but %s: every such session will be refused",
+                               self.language, why)
             if self.voices.folder is not None:
                 logger.info("voices: %d in %s", len(self.voices.names()), self.voices.folder)
         except BaseException:
@@ -168,6 +171,11 @@ class Runtime:
             self.llm(settings.default_profile).wait_ready()
             logger.info("embedded LLM loaded in %.1f s", time.perf_counter() - started)
         return self
+
+    @property
+    def language(self) -> str:
+        """The sessions' default language: the configured one, else the front-end's (ja for J-Moshi)."""
+        return self.settings.planner.language or getattr(self.frontend, "language", "en")
 
     @property
     def profiles(self) -> Mapping[str, BackendProfile]:
@@ -215,7 +223,7 @@ class Runtime:
             "tools": [tool.spec.name for tool in self.session_tools()],
             "knowledge": str(self.settings.knowledge.dir) if self.knowledge is not None else None,
             "voices": self.voices.names(),  # PersonaPlex's voice_prompt names
-            "language": getattr(self.frontend, "language", "en"),
+            "language": self.language,
         }
 
     async def aclose_llms(self) -> None:
@@ -284,6 +292,7 @@ class RemoteFrontend:
     device: torch.device
     dtype: torch.dtype
     tokenizer: Any  # sentencepiece.SentencePieceProcessor, or None
+    language: str = "en"  # its text stream's (ja for J-Moshi): the sessions' default language
 
     @classmethod
     def of(cls, extra: Mapping) -> RemoteFrontend:
@@ -291,7 +300,8 @@ class RemoteFrontend:
 
         proto = extra.get("tokenizer")
         tokenizer = sentencepiece.SentencePieceProcessor(model_proto=proto) if proto else None
-        return cls(extra["source"], torch.device(extra["device"]), getattr(torch, extra["dtype"]), tokenizer)
+        return cls(extra["source"], torch.device(extra["device"]), getattr(torch, extra["dtype"]), tokenizer,
+                   extra.get("language", "en"))
 
     @staticmethod
     def describe(frontend: Frontend) -> dict:
@@ -299,7 +309,8 @@ class RemoteFrontend:
         tokenizer = frontend.tokenizer
         return {"source": frontend.source, "device": str(frontend.device),
                 "dtype": str(frontend.dtype).removeprefix("torch."),
-                "tokenizer": tokenizer.serialized_model_proto() if tokenizer is not None else None}
+                "tokenizer": tokenizer.serialized_model_proto() if tokenizer is not None else None,
+                "language": getattr(frontend, "language", "en")}
 
 
 def open_knowledge(options: KnowledgeOptions | None):

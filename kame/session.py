@@ -69,8 +69,7 @@ class TandemSession:
         except ValueError as exc:
             raise SessionError(str(exc)) from exc
         try:  # its language: one the planner can think in and the ASR can hear, or no slot is taken
-            self.language = language_named(config.language, runtime.planner.language
-                                           or getattr(runtime.frontend, "language", "en"))
+            self.language = language_named(config.language, runtime.language)
         except LanguageError as exc:
             raise SessionError(str(exc)) from exc
         if config.asr and (why := hears(runtime.asr, self.language.code)):

@@ -119,3 +119,12 @@ def _given(ws: HTTPConnection) -> str:
 
 def _ip(ws: HTTPConnection) -> str:
     return ws.client.host if ws.client else "unknown"
+
+
+CLOSE_REASON_BYTES = 123  # a close frame's payload is 125 bytes at most, 2 of them the code
+
+
+def close_reason(text: str) -> str:
+    """`text` cut to what a websocket close frame carries: 123 bytes of UTF-8 (not characters: a reason that
+    echoes a client's Japanese would not fit), on a character boundary."""
+    return text.encode()[:CLOSE_REASON_BYTES].decode("utf-8", "ignore")

@@ -25,7 +25,7 @@ from kame.protocol import ProtocolError
 from kame.runtime import log_index_stats
 from kame.session import SessionConfig, TandemSession
 from server import client_secrets, front_peers
-from server.access import AccessControl, Refusal
+from server.access import AccessControl, Refusal, close_reason
 from server.codec_process import CodecPool
 from server.front_peers import FrontPlan
 from server.http_errors import error_response
@@ -370,7 +370,7 @@ async def _refuse(ws: WebSocket, services: Services, refusal: Refusal) -> None:
         await ws.send_denial_response(JSONResponse(body, status_code=refusal.status))
     else:
         await ws.accept()
-        await ws.close(refusal.close_code, refusal.reason[:120])
+        await ws.close(refusal.close_code, close_reason(refusal.reason))
 
 
 async def _serve_call(ws: WebSocket, state, refusal: Refusal | None,
@@ -417,7 +417,7 @@ async def _serve(ws: WebSocket, services: Services, sessions: set, endpoint: Cal
         tandem = await runner.open(route.config, asr=route.asr)
     except (ProtocolError, SessionError) as exc:
         await ws.accept()
-        await ws.close(1008, str(exc)[:120])
+        await ws.close(1008, close_reason(str(exc)))
         return
     except EngineError as exc:  # SlotsBusy, or a runner that is stopping
         await _refuse(ws, services, Refusal(503, 1013, str(exc)))

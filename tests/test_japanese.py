@@ -291,3 +291,35 @@ def test_a_moshi_with_a_japanese_tokenizer_is_j_moshi(sp, tmp_path):
     assert frontend.family.startswith("J-Moshi") and "CC BY-NC 4.0" in frontend.family
     assert inspect_source(str(repo)).language == "ja"
     assert load_frontend("tiny", "cpu").language == "en"
+
+
+def test_edges_a_review_found():
+    """An empty ?language= is the server's language; a prompt sent back as the English default stays Japanese in a
+    Japanese session; a character that normalises to two still lets a merging answer extend the oracle; English
+    keeps its own question mark; a close reason that echoes Japanese fits a close frame."""
+    from server.access import close_reason
+
+    assert SessionOptions.from_query({"language": ""}).language is None
+    planner = Planner(FakeLLM(), None, lambda update: None, None, PlannerConfig(language="ja"))
+    planner.set_system_prompt(DEFAULT_SYSTEM_PROMPT)
+    assert planner.system_prompt == JA_SYSTEM_PROMPT
+    planner.set_system_prompt("敬語で話してください。")
+    assert planner.system_prompt == "敬語で話してください。"
+    ja = language_named("ja")
+    assert ja.extension(["㍻は", "三十年"], ["㍻"], own=False) == ["は三十年"]
+    assert not language_named("en").asks("Really？") and language_named("en").asks("Really?")
+    reason = close_reason("voice_prompt 'ボイス': " + "あ" * 100)
+    assert len(reason.encode()) <= 123 and reason.startswith("voice_prompt 'ボイス': ")
+
+
+def test_a_front_process_knows_its_engines_language():
+    """`kame serve --fronts`: the front processes get the front-end's language from the engine process."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from kame.runtime import RemoteFrontend
+
+    frontend = SimpleNamespace(source="nu-dialogue/j-moshi-ext", device=torch.device("cpu"), dtype=torch.float32,
+                               tokenizer=None, language="ja")
+    assert RemoteFrontend.of(RemoteFrontend.describe(frontend)).language == "ja"

@@ -470,3 +470,25 @@ def test_a_hub_personaplex_gets_its_voices_tgz_from_the_hub_cache(tmp_path, fron
         assert frontend_voices(None, missing) is None  # offline and not cached: no voices, said in the log
     finally:
         reset_sessions()  # the HTTP sessions made meanwhile stay offline for good (per thread, cached)
+
+
+def test_a_malformed_voice_or_archive_is_an_error_not_a_crash(tmp_path, frontend, monkeypatch, caplog):
+    """A .pt of other shapes of data, and a voices.tgz that is not an archive: a session's clear refusal, and a
+    server that starts without voices (said in the log) instead of not starting."""
+    import logging
+
+    from kame.errors import SessionError
+    from kame.frontend.voices import VoiceLibrary, voices_folder
+
+    monkeypatch.setenv("KAME_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "voices"
+    folder.mkdir()
+    torch.save({"embeddings": [1, 2], "cache": 3}, folder / "LISTS.pt")
+    with pytest.raises(SessionError, match="no 'embeddings' and 'cache' tensors"):
+        VoiceLibrary(folder).voice("LISTS.pt", frontend.lm.dim, frontend.lm.num_codebooks)
+    checkpoint_dir = tmp_path / "ckpt"
+    checkpoint_dir.mkdir()
+    (checkpoint_dir / "voices.tgz").write_bytes(b"not a tar archive")
+    with caplog.at_level(logging.WARNING, logger="kame.frontend.voices"):
+        assert voices_folder(None, checkpoint_dir) is None
+    assert any("cannot unpack" in r.getMessage() for r in caplog.records)

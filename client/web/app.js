@@ -209,7 +209,10 @@ class Session {
     recordEvent(event);
     if (event.type === "ready") {
       fillBackends(event.backends, event.backend);
-      if (!ui.prompt.value) ui.prompt.value = event.system_prompt;
+      // the session's prompt, unless the user wrote their own (a prompt left as the last session's is replaced:
+      // a Japanese session's is not the English one)
+      if (!ui.prompt.value || ui.prompt.value === ui.prompt.dataset.server) ui.prompt.value = event.system_prompt;
+      ui.prompt.dataset.server = event.system_prompt;
     } else if (event.type === "transcript") {
       this.showTranscript(event);
     } else if (event.type === "oracle") {

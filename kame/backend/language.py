@@ -88,7 +88,7 @@ class Language:
     def agrees(self, words: Sequence[str], oracle: Sequence[str]) -> bool:
         """`words` repeat `oracle` from its start, as far as both go (case, punctuation and spacing aside)."""
         if not self.counts_characters:
-            return all(_normal(a) == _normal(b) for a, b in zip(words, oracle, strict=False))
+            return all(_word(a) == _word(b) for a, b in zip(words, oracle, strict=False))
         mine, theirs = _normal("".join(words)), _normal("".join(oracle))
         shared = min(len(mine), len(theirs))
         return mine[:shared] == theirs[:shared]
@@ -101,7 +101,7 @@ class Language:
         text, held = "".join(words), "".join(oracle)
         have, seen = len(_normal(held)), 0
         for index, char in enumerate(text):
-            if seen == have:
+            if seen >= have:  # (one character may normalise to two: ㍻)
                 rest = text[index:]
                 tail = held[len(held.rstrip(_PUNCTUATION_OR_SPACE)):]  # the oracle's own closing marks
                 rest = rest[len(tail):] if rest.startswith(tail) else rest
@@ -120,7 +120,9 @@ class Language:
     def asks(self, said: str) -> bool:
         """The assistant's words end with a question."""
         said = said.rstrip()
-        return said.endswith(("?", "？")) or (self.counts_characters and said.endswith(("か", "か。")))
+        if not self.counts_characters:
+            return said.endswith("?")
+        return said.endswith(("?", "？", "か", "か。"))
 
     def is_backchannel(self, text: str) -> bool | None:
         """Japanese: `text` is nothing but あいづち; None: the English rule (kame.backend.backchannel) decides."""
@@ -133,6 +135,11 @@ class Language:
 
 
 _PUNCTUATION_OR_SPACE = " 　、。，．,.!?！？…・「」『』（）()\"'"
+
+
+def _word(word: str) -> str:
+    """An English word compared: lower case, letters and digits only."""
+    return "".join(c for c in word.lower() if c.isalnum())
 
 
 def _normal(text: str) -> str:

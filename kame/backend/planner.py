@@ -235,7 +235,8 @@ class Planner:
         self._failures, self._backoff_until = 0, 0.0
 
     def set_system_prompt(self, prompt: str) -> None:
-        self.system_prompt = prompt
+        """A client's prompt, as given (the English default, sent back by a page, stays this language's own)."""
+        self.system_prompt = self.language.system_prompt(prompt, DEFAULT_SYSTEM_PROMPT)
 
     @property
     def conversation(self) -> list[str]:

@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import tarfile
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,10 +50,11 @@ def read_voice(path: Path, dim: int, streams: int) -> VoiceEmbeddings:
     """A `.pt` voice, checked against the model it is for (SessionError naming what does not fit)."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)  # the reference saves its cache on its GPU
-    except Exception as exc:  # a truncated or foreign file: torch raises many kinds
-        raise SessionError(f"voice {path.name}: not a PersonaPlex voice file ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(state, dict) or not {"embeddings", "cache"} <= state.keys():
-        raise SessionError(f"voice {path.name}: not a PersonaPlex voice file (no 'embeddings' and 'cache')")
+    except Exception as exc:  # a truncated, unreadable or foreign file: torch and the OS raise many kinds
+        raise SessionError(f"voice {path.name}: not a PersonaPlex voice file ({type(exc).__name__})") from exc
+    if not isinstance(state, dict) or not {"embeddings", "cache"} <= state.keys() or not all(
+            isinstance(state[key], torch.Tensor) for key in ("embeddings", "cache")):
+        raise SessionError(f"voice {path.name}: not a PersonaPlex voice file (no 'embeddings' and 'cache' tensors)")
     embeddings, cache = state["embeddings"], state["cache"]
     if embeddings.dim() != 4 or embeddings.shape[1:3] != (1, 1) or embeddings.shape[3] != dim or not len(embeddings):
         raise SessionError(f"voice {path.name}: embeddings of shape {tuple(embeddings.shape)}, not "
@@ -73,12 +75,13 @@ class VoiceLibrary:
     def names(self) -> list[str]:
         if self.folder is None or not self.folder.is_dir():
             return []
-        return sorted(p.name for p in self.folder.iterdir() if p.suffix in VOICE_SUFFIXES and p.is_file())
+        return sorted(p.name for p in self.folder.iterdir()
+                      if p.suffix in VOICE_SUFFIXES and p.is_file() and VOICE_NAME.fullmatch(p.name))
 
     def voice(self, name: str, dim: int, streams: int) -> VoiceEmbeddings:
         """The voice named `name`; SessionError for a path, an unknown name, or a front-end without voices."""
         if not VOICE_NAME.fullmatch(name) or ".." in name:
-            raise SessionError(f"voice_prompt {name[:60]!r}: a voice is named, not a path (such as NATF2.pt)")
+            raise SessionError(f"voice_prompt {ascii(name[:40])}: a voice is named, not a path (such as NATF2.pt)")
         if self.folder is None:
             raise SessionError("this front-end has no voices: voice prompts come with PersonaPlex checkpoints "
                                "(voices.tgz), or set voices_dir")
@@ -107,7 +110,11 @@ def voices_folder(configured: Path | None, checkpoint: Path | None) -> Path | No
         return checkpoint / "voices"
     archive = checkpoint / "voices.tgz"
     if archive.is_file():
-        return unpack_voices(archive)
+        try:
+            return unpack_voices(archive)
+        except (OSError, tarfile.TarError) as exc:  # a broken archive or a read-only cache: no voices, said
+            logger.warning("voices: cannot unpack %s (%s: %s): voice_prompt is refused; set voices_dir", archive,
+                           type(exc).__name__, exc)
     return None
 
 
@@ -149,9 +156,9 @@ def unpack_voices(archive: Path) -> Path:
             source = tar.extractfile(member)
             if source is None:
                 continue
-            partial = root / (name + ".partial")
-            partial.write_bytes(source.read())
-            partial.replace(root / name)
+            with tempfile.NamedTemporaryFile(dir=root, prefix=f".{name}.", delete=False) as partial:
+                partial.write(source.read())
+            os.replace(partial.name, root / name)  # two servers unpacking at once each replace it whole
             count += 1
     done.write_text(str(count))
     logger.info("voices: %d unpacked from %s into %s", count, archive, root)

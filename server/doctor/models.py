@@ -88,18 +88,24 @@ def frontend_check(settings: ServerSettings, cuda: bool, hub: Hub) -> tuple[Chec
     oracle = "oracle_emb present" if report.has_oracle else "no oracle_emb: initialised from text_emb"
     if "PersonaPlex" in kind:
         oracle = "no oracle_emb: no oracle" if not report.has_oracle else oracle
-        kind += "; " + voices_line(settings.voices_dir, Path(report.info.moshi_weights).parent if report.info else None)
+        kind += "; " + voices_line(settings.voices_dir, Path(report.info.moshi_weights).parent if report.info else None,
+                                   source)
     return Check("ok", "front-end", f"{source} ({why}): {describe(report)}, {oracle}; {kind}"), probe
 
 
-def voices_line(configured: Path | None, checkpoint: Path | None) -> str:
-    """Which voices a PersonaPlex front-end's sessions may name (nothing unpacked here)."""
-    if configured is None and checkpoint is not None and (checkpoint / "voices.tgz").is_file():
+def voices_line(configured: Path | None, checkpoint: Path | None, source: str = "") -> str:
+    """Which voices a PersonaPlex front-end's sessions may name, found as `kame serve` finds them
+    (kame.frontend.voices.frontend_voices), nothing unpacked or downloaded here."""
+    folder = Path(configured).expanduser() if configured is not None else None
+    if folder is None and checkpoint is not None and (checkpoint / "voices").is_dir():
+        folder = checkpoint / "voices"
+    if folder is None and checkpoint is not None and (checkpoint / "voices.tgz").is_file():
         return f"voices: {checkpoint / 'voices.tgz'} (unpacked at start)"
-    folder = configured if configured is not None else (checkpoint / "voices" if checkpoint is not None else None)
-    if folder is None or not Path(folder).expanduser().is_dir():
+    if folder is None and source.count("/") == 1 and not Path(source).expanduser().exists():
+        return f"voices: {source}'s voices.tgz, fetched from the hub at start where it has one"
+    if folder is None or not folder.is_dir():
         return "no voices (voice_prompt refused; set voices_dir)"
-    names = sorted(p.name for p in Path(folder).expanduser().iterdir() if p.suffix == ".pt")
+    names = sorted(p.name for p in folder.iterdir() if p.suffix == ".pt")
     return f"voices: {len(names)} in {folder} ({', '.join(names[:6])}{' ...' if len(names) > 6 else ''})"
 
 

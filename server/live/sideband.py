@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocket
 
 from kame.queues import DropOldestQueue
-from server.access import AccessControl, Refusal
+from server.access import AccessControl, Refusal, close_reason
 from server.live.adapter import LiveCarrier
 from server.runner import CLOSED, SessionRunner
 
@@ -128,4 +128,4 @@ async def _deny(ws: WebSocket, status: int, reason: str) -> None:
                                                               "message": reason}}, status_code=status))
     else:
         await ws.accept()
-        await ws.close(1008, reason[:120])
+        await ws.close(1008, close_reason(reason))

@@ -70,7 +70,7 @@ class SessionOptions:
 
 
 def _language(value: str | None) -> str | None:
-    if value is None:
+    if value is None or not value.strip():  # unset or empty: the server's
         return None
     try:
         return language_named(value).code
