@@ -193,7 +193,7 @@ class ServerSettings(BaseSettings):
     sip: SipSettings = Field(default_factory=SipSettings)
     tools: dict[str, ToolConfig] = Field(default_factory=dict)  # [tools.NAME]; none: the LLM is offered no tools
     knowledge: KnowledgeSettings = Field(default_factory=KnowledgeSettings)
-    voices_dir: Path | None = None  # PersonaPlex's .pt voices by name; None: the checkpoint's voices/ or voices.tgz
+    voices_dir: Path | None = RuntimeSettings.voices_dir  # PersonaPlex .pt voices; None: the checkpoint's own
     replica: str | None = Field(None, exclude=True)  # set by `kame serve --ray` in each replica: its stable id
     engine_clock: Literal["auto", "tick", "eager"] = RuntimeSettings.engine_clock
     jitter_frames: int = Field(RuntimeSettings.jitter_frames, ge=0)

@@ -271,7 +271,7 @@ def test_the_no_aec_flag_reaches_talk(monkeypatch):
 
     seen = {}
 
-    async def fake_talk(url, device, backend, aec=True):
+    async def fake_talk(url, device, backend, aec=True, options=None):
         seen["aec"] = aec
         return 0
 
