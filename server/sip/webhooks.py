@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
+import httpx2  # the HTTP client the openai package brings: in the base install (httpx is not)
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def _retry_after(value: str | None) -> float | None:
     return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
-def _loggable(url: httpx.URL) -> str:
+def _loggable(url: httpx2.URL) -> str:
     """The URL without credentials or query, which may hold a token."""
     port = f":{url.port}" if url.port else ""
     return f"{url.scheme}://{url.host}{port}{url.path}"
@@ -143,8 +143,8 @@ class WebhookPoster:
 
     def __init__(self, url: str, secret: str | None, *, timeout_s: float = 5.0,
                  backoff_s: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0),
-                 client: httpx.AsyncClient | None = None) -> None:
-        self._url = httpx.URL(url)
+                 client: httpx2.AsyncClient | None = None) -> None:
+        self._url = httpx2.URL(url)
         if self._url.scheme not in ("http", "https") or not self._url.host:
             raise ValueError(f"webhook URL must be http(s)://host/...: {_loggable(self._url)}")
         if secret is not None:
@@ -156,7 +156,7 @@ class WebhookPoster:
         self._timeout_s = timeout_s
         self._backoff_s = tuple(backoff_s)
         self._own_client = client is None
-        self._client = client if client is not None else httpx.AsyncClient(timeout=timeout_s, follow_redirects=False)
+        self._client = client if client is not None else httpx2.AsyncClient(timeout=timeout_s, follow_redirects=False)
 
     async def post(self, event: dict, *, still_wanted: Callable[[], bool] = lambda: True) -> Delivery:
         """Deliver `event`: one body and webhook-id for every attempt, signed afresh each time."""
@@ -191,9 +191,9 @@ class WebhookPoster:
             async with asyncio.timeout(self._timeout_s):
                 response = await self._client.post(self._url, content=body, headers=self._headers(webhook_id, body),
                                                    timeout=self._timeout_s)
-        except (TimeoutError, httpx.TimeoutException):
+        except (TimeoutError, httpx2.TimeoutException):
             return None, f"no answer within {self._timeout_s:g} s", None
-        except (httpx.HTTPError, OSError) as exc:
+        except (httpx2.HTTPError, OSError) as exc:
             return None, f"{type(exc).__name__}: {exc}", None
         if response.is_success:
             return response.status_code, None, None
