@@ -11,7 +11,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import httpx
 import httpx2
 import openai
 import pytest
