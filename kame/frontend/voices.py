@@ -99,39 +99,59 @@ class VoiceLibrary:
         return self._cache[key]
 
 
-def voices_folder(configured: Path | None, checkpoint: Path | None) -> Path | None:
-    """Where a server's voices are: `configured`, else the checkpoint folder's `voices/`, else its `voices.tgz`
-    unpacked into our cache (once per archive); None: no voices."""
+def locate_voices(configured: Path | None, checkpoint: Path | None,
+                  hub_repo: str | None = None) -> tuple[str, Path | str] | None:
+    """Where a server's voices are, in the order `kame serve` looks, nothing unpacked or downloaded:
+    ("folder", `configured` or the checkpoint's `voices/`), ("archive", its `voices.tgz`), ("hub", `hub_repo`,
+    whose `voices.tgz` is fetched); None: no voices."""
     if configured is not None:
-        return Path(configured).expanduser()
-    if checkpoint is None:
-        return None
-    if (checkpoint / "voices").is_dir():
-        return checkpoint / "voices"
-    archive = checkpoint / "voices.tgz"
-    if archive.is_file():
-        try:
-            return unpack_voices(archive)
-        except (OSError, tarfile.TarError) as exc:  # a broken archive or a read-only cache: no voices, said
-            logger.warning("voices: cannot unpack %s (%s: %s): voice_prompt is refused; set voices_dir", archive,
-                           type(exc).__name__, exc)
-    return None
+        return "folder", Path(configured).expanduser()
+    if checkpoint is not None and (checkpoint / "voices").is_dir():
+        return "folder", checkpoint / "voices"
+    if checkpoint is not None and (checkpoint / "voices.tgz").is_file():
+        return "archive", checkpoint / "voices.tgz"
+    return ("hub", hub_repo) if hub_repo else None
+
+
+def hub_repo_of(source: str) -> str | None:
+    """`source` where it names a hub repo (owner/name, not a local path); else None."""
+    return source if source.count("/") == 1 and not Path(source).expanduser().exists() else None
+
+
+def voices_folder(configured: Path | None, checkpoint: Path | None) -> Path | None:
+    """Where a server's voices are (`locate_voices`, no hub): a `voices.tgz` unpacked into our cache (once per
+    archive); None: no voices."""
+    return _open(locate_voices(configured, checkpoint))
 
 
 def frontend_voices(configured: Path | None, frontend) -> Path | None:
     """A server's voices folder (`voices_folder`); for a PersonaPlex-layout front-end from the hub whose
     `voices.tgz` is not in the cache yet, downloaded (huggingface_hub: its cache, HF_TOKEN, HF_HUB_OFFLINE)."""
-    folder = voices_folder(configured, getattr(frontend, "folder", None))
     lm, source = getattr(frontend, "lm", None), getattr(frontend, "source", "") or ""
-    if folder is not None or not getattr(lm, "predicted_q", None) or Path(source).expanduser().exists() \
-            or source.count("/") != 1:
-        return folder
+    hub = hub_repo_of(source) if getattr(lm, "predicted_q", None) else None
+    return _open(locate_voices(configured, getattr(frontend, "folder", None), hub))
+
+
+def _open(where: tuple[str, Path | str] | None) -> Path | None:
+    """The folder `locate_voices` found, its archive unpacked or fetched first; None where that fails (said)."""
+    if where is None:
+        return None
+    kind, place = where
+    if kind == "folder":
+        return place
+    if kind == "archive":
+        try:
+            return unpack_voices(place)
+        except (OSError, tarfile.TarError) as exc:  # a broken archive or a read-only cache: no voices, said
+            logger.warning("voices: cannot unpack %s (%s: %s): voice_prompt is refused; set voices_dir", place,
+                           type(exc).__name__, exc)
+            return None
     try:
         from huggingface_hub import hf_hub_download
 
-        return unpack_voices(Path(hf_hub_download(source, "voices.tgz")))
+        return unpack_voices(Path(hf_hub_download(place, "voices.tgz")))
     except Exception as exc:  # offline, gated, or no voices in that repo: sessions may still use a role text
-        logger.info("no voices for %s (%s: %s): voice_prompt is refused; set voices_dir", source,
+        logger.info("no voices for %s (%s: %s): voice_prompt is refused; set voices_dir", place,
                     type(exc).__name__, exc)
         return None
 

@@ -94,17 +94,18 @@ def frontend_check(settings: ServerSettings, cuda: bool, hub: Hub) -> tuple[Chec
 
 
 def voices_line(configured: Path | None, checkpoint: Path | None, source: str = "") -> str:
-    """Which voices a PersonaPlex front-end's sessions may name, found as `kame serve` finds them
-    (kame.frontend.voices.frontend_voices), nothing unpacked or downloaded here."""
-    folder = Path(configured).expanduser() if configured is not None else None
-    if folder is None and checkpoint is not None and (checkpoint / "voices").is_dir():
-        folder = checkpoint / "voices"
-    if folder is None and checkpoint is not None and (checkpoint / "voices.tgz").is_file():
-        return f"voices: {checkpoint / 'voices.tgz'} (unpacked at start)"
-    if folder is None and source.count("/") == 1 and not Path(source).expanduser().exists():
-        return f"voices: {source}'s voices.tgz, fetched from the hub at start where it has one"
-    if folder is None or not folder.is_dir():
+    """Which voices a PersonaPlex front-end's sessions may name, found where `kame serve` finds them
+    (kame.frontend.voices.locate_voices), nothing unpacked or downloaded here."""
+    from kame.frontend.voices import hub_repo_of, locate_voices
+
+    where = locate_voices(configured, checkpoint, hub_repo_of(source))
+    if where is not None and where[0] == "archive":
+        return f"voices: {where[1]} (unpacked at start)"
+    if where is not None and where[0] == "hub":
+        return f"voices: {where[1]}'s voices.tgz, fetched from the hub at start where it has one"
+    if where is None or not where[1].is_dir():
         return "no voices (voice_prompt refused; set voices_dir)"
+    folder = where[1]
     names = sorted(p.name for p in folder.iterdir() if p.suffix == ".pt")
     return f"voices: {len(names)} in {folder} ({', '.join(names[:6])}{' ...' if len(names) > 6 else ''})"
 
