@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from kame.backend.backchannel import is_backchannel
 from kame.backend.chunker import DeltaChunker, WordChunker
 from kame.errors import KameError
 from kame.frontend.oracle import TextTokenizer, tokenize_words
@@ -56,10 +57,6 @@ class Language:
     @property
     def counts_characters(self) -> bool:
         return self.code == "ja"
-
-    @property
-    def unit(self) -> str:
-        return "characters" if self.counts_characters else "words"
 
     def units(self, text: str) -> int:
         """How far `text` has gone: its words, or its characters without spaces (ASCII or ideographic)."""
@@ -124,10 +121,11 @@ class Language:
             return said.endswith("?")
         return said.endswith(("?", "？", "か", "か。"))
 
-    def is_backchannel(self, text: str) -> bool | None:
-        """Japanese: `text` is nothing but あいづち; None: the English rule (kame.backend.backchannel) decides."""
+    def is_backchannel(self, text: str) -> bool:
+        """`text` is nothing but the listener's feedback: English's "mm-hm" (kame.backend.backchannel), Japanese's
+        あいづち."""
         if not self.counts_characters:
-            return None
+            return is_backchannel(text)
         if text.strip().endswith(("?", "？")):
             return False
         words = [w for w in _split_ja(text) if w]

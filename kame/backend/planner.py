@@ -44,7 +44,6 @@ from pydantic import Field
 
 from kame.asr.events import FinalTranscript, PartialTranscript, TranscriptEvent
 from kame.backend.attempts import AttemptRecord, PlannerEvent, Stream, Streams, knowledge_event, tool_event
-from kame.backend.backchannel import is_backchannel
 from kame.backend.conversation import Ask, Turns
 from kame.backend.language import Language, LanguageCode, language_named
 from kame.backend.llm import ChatMessage, LLMClient, LLMError, ToolCalls
@@ -163,11 +162,8 @@ class Planner:
             self._utterance_start = event.start_s
             spoke = self._assistant_at
             self._began_over_assistant = spoke is not None and self.clock.now() - spoke <= window
-        if not (window > 0 and self._conv.user_closed and self._began_over_assistant
-                and not self.language.asks(self._conv.assistant_said)):
-            return False
-        own = self.language.is_backchannel(event.text)
-        return is_backchannel(event.text) if own is None else own
+        return (window > 0 and self._conv.user_closed and self._began_over_assistant
+                and not self.language.asks(self._conv.assistant_said) and self.language.is_backchannel(event.text))
 
     def on_transcript(self, event: TranscriptEvent) -> None:
         if self._conv.user_closed:  # a new user utterance begins with this event
